@@ -1,0 +1,150 @@
+//! Cross-cutting HTTP behaviour: the 64 KiB body limit, turning every error (ours,
+//! poem's, poem-openapi's, a panic) into problem+json, and the per-request log line.
+
+use std::time::Instant;
+
+use poem::{
+    Body, Endpoint, IntoResponse, Middleware, Request, Response,
+    error::ReadBodyError,
+    http::{Method, StatusCode, header},
+};
+
+use crate::problem::{FieldError, Kind, Problem};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The outermost layer of the API route.
+pub struct ProblemLayer;
+
+impl<E: Endpoint> Middleware<E> for ProblemLayer {
+    type Output = ProblemEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        ProblemEndpoint { inner }
+    }
+}
+
+pub struct ProblemEndpoint<E> {
+    inner: E,
+}
+
+impl<E: Endpoint> Endpoint for ProblemEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, mut req: Request) -> poem::Result<Response> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let response = match limit_body(&mut req).await {
+            Err(problem) => problem.to_response(Some(&path)),
+            Ok(()) => match self.inner.call(req).await {
+                Ok(output) => output.into_response(),
+                Err(err) => to_problem(err).to_response(Some(&path)),
+            },
+        };
+        tracing::info!(
+            method = %method,
+            path = %path,
+            status = response.status().as_u16(),
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
+        Ok(response)
+    }
+}
+
+/// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed, before any handler runs.
+async fn limit_body(req: &mut Request) -> Result<(), Problem> {
+    let too_large = || {
+        Problem::new(Kind::PayloadTooLarge).with_detail(format!(
+            "request bodies are limited to {MAX_BODY_BYTES} bytes"
+        ))
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Ok(());
+    }
+    match req.take_body().into_bytes_limit(MAX_BODY_BYTES).await {
+        Ok(bytes) => {
+            req.set_body(Body::from_bytes(bytes));
+            Ok(())
+        }
+        Err(ReadBodyError::PayloadTooLarge) => Err(too_large()),
+        Err(e) => Err(Problem::new(Kind::ValidationError)
+            .with_detail(format!("the body could not be read: {e}"))),
+    }
+}
+
+/// Maps any error to the contract's problem types; ours pass through unchanged.
+pub fn to_problem(err: poem::Error) -> Problem {
+    if let Some(problem) = err.downcast_ref::<Problem>() {
+        return problem.clone();
+    }
+    let status = err.status();
+    match status {
+        StatusCode::UNAUTHORIZED => Problem::unauthorized("a bearer token is required"),
+        StatusCode::NOT_FOUND => Problem::new(Kind::NotFound).with_detail("no such resource"),
+        StatusCode::METHOD_NOT_ALLOWED => Problem::new(Kind::MethodNotAllowed),
+        StatusCode::PAYLOAD_TOO_LARGE => Problem::new(Kind::PayloadTooLarge),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Problem::new(Kind::UnsupportedMediaType)
+            .with_detail("send the body as `application/json`"),
+        s if s.is_server_error() => Problem::internal(anyhow::anyhow!("{err}")),
+        // Everything else a client can cause is a malformed request.
+        _ => {
+            let message = err.to_string();
+            let mut problem = Problem::new(Kind::ValidationError).with_detail(message.clone());
+            if let Some(field) = field_of(&message) {
+                problem = problem.with_errors(vec![FieldError { field, message }]);
+            }
+            problem
+        }
+    }
+}
+
+/// poem-openapi names the offending field as ``field `name` `` or the parameter as
+/// ``parameter `name` ``; lift it into `errors` so clients need not parse prose.
+fn field_of(message: &str) -> Option<String> {
+    ["field `", "parameter `"].iter().find_map(|marker| {
+        let start = message.find(marker)? + marker.len();
+        let len = message[start..].find('`')?;
+        Some(message[start..start + len].to_string())
+    })
+}
+
+/// The answer to a panic: a plain 500 problem, the panic itself goes to the log.
+pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    Problem::internal(anyhow::anyhow!("handler panicked: {what}")).to_response(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_are_lifted_from_parse_errors() {
+        assert_eq!(
+            field_of(
+                "parse request payload error: failed to parse \"CreateOrderRequest\": field `quantity` verification failed"
+            ),
+            Some("quantity".into())
+        );
+        assert_eq!(
+            field_of("failed to parse parameter `limit`: x"),
+            Some("limit".into())
+        );
+        assert_eq!(field_of("no field here"), None);
+    }
+}

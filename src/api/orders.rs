@@ -1,0 +1,330 @@
+//! `/v1/orders`: create, cancel, get and list, tenant-scoped.
+//!
+//! Handlers parse and authorise, then hand writes to the idempotency guard with a
+//! closure that calls the orders module inside the guard's transaction.
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use chrono::{DateTime, Utc};
+use poem_openapi::{
+    ApiResponse, Object, OpenApi,
+    param::{Header, Path, Query},
+    payload::Json,
+};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{ApiTags, AppState, auth::BearerAuth, problems::Documented, strict::StrictString};
+use crate::{
+    auth::{SCOPE_READ, SCOPE_WRITE},
+    idempotency::{Fingerprint, IdempotencyKey, Idempotent, Scope},
+    orders::{self, CancelOutcome, NewOrder, Order, store::PageAfter},
+    problem::{FieldError, Kind, Problem, ProblemDetails},
+};
+
+/// Route templates: part of the idempotency scope and the metric label.
+pub const CREATE_ENDPOINT: &str = "POST /v1/orders";
+pub const CANCEL_ENDPOINT: &str = "POST /v1/orders/{id}/cancel";
+
+/// Body of `POST /v1/orders`.
+#[derive(Debug, Object)]
+#[oai(deny_unknown_fields)]
+pub struct CreateOrderRequest {
+    /// Stock keeping unit: 1 to 64 of `[A-Za-z0-9._-]`.
+    #[oai(validator(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._-]+$"))]
+    pub sku: StrictString,
+    /// 1 to 10000.
+    #[oai(validator(minimum(value = "1"), maximum(value = "10000")))]
+    pub quantity: i32,
+    /// The client's own reference, at most 128 characters.
+    #[oai(validator(max_length = 128))]
+    pub customer_ref: Option<StrictString>,
+}
+
+/// A page of orders, newest first.
+#[derive(Debug, Object)]
+pub struct OrderPage {
+    pub items: Vec<Order>,
+    /// Pass as `after` to get the next page; `null` on the last page.
+    pub next: Option<String>,
+}
+
+#[derive(ApiResponse)]
+pub enum CreateOrderResponse {
+    /// The order was created (or, with `Idempotent-Replayed: true`, had been).
+    #[oai(status = 201)]
+    Created(
+        Json<Order>,
+        /// `/v1/orders/{id}`
+        #[oai(header = "Location")]
+        String,
+    ),
+}
+
+#[derive(ApiResponse)]
+pub enum CancelOrderResponse {
+    /// The order, now (or already) `CANCELLED`.
+    #[oai(status = 200)]
+    Cancelled(Json<Order>),
+    /// No such order for this tenant (stored and replayed like a success).
+    #[oai(status = 404, content_type = "application/problem+json")]
+    NotFound(Json<ProblemDetails>),
+}
+
+#[derive(ApiResponse)]
+pub enum GetOrderResponse {
+    #[oai(status = 200)]
+    Found(Json<Order>),
+    /// No such order for this tenant.
+    #[oai(status = 404, content_type = "application/problem+json")]
+    NotFound(Json<ProblemDetails>),
+}
+
+#[derive(ApiResponse)]
+pub enum ListOrdersResponse {
+    #[oai(status = 200)]
+    Page(Json<OrderPage>),
+}
+
+pub struct OrdersApi {
+    pub state: AppState,
+}
+
+#[OpenApi(tag = "ApiTags::Orders")]
+impl OrdersApi {
+    /// Create an order. Idempotent per `Idempotency-Key`: a retry with the same key and
+    /// body replays the first answer; the same key with another body is a 422.
+    #[oai(path = "/v1/orders", method = "post", operation_id = "createOrder")]
+    async fn create_order(
+        &self,
+        auth: BearerAuth,
+        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
+        #[oai(name = "Idempotency-Key")]
+        idempotency_key: Header<Option<String>>,
+        body: Json<CreateOrderRequest>,
+    ) -> poem::Result<Documented<Idempotent<CreateOrderResponse>>> {
+        auth.0.require(SCOPE_WRITE)?;
+        let key = IdempotencyKey::parse(idempotency_key.0.as_deref())?;
+        let tenant = auth.0.tenant;
+        let body = body.0;
+        let new = NewOrder {
+            sku: body.sku.0,
+            quantity: body.quantity,
+            customer_ref: body.customer_ref.map(|r| r.0),
+        };
+        let fingerprint = Fingerprint::of(&RequestShape {
+            path: None,
+            body: Some(&new),
+        });
+        let scope = Scope {
+            tenant,
+            endpoint: CREATE_ENDPOINT,
+            key,
+        };
+        let response = self
+            .state
+            .guard
+            .run(scope, fingerprint, move |tx| {
+                Box::pin(async move {
+                    let order = orders::store::create(tx, tenant, &new).await?;
+                    let location = format!("/v1/orders/{}", order.id);
+                    Ok(CreateOrderResponse::Created(Json(order), location))
+                })
+            })
+            .await?;
+        Ok(Documented(response))
+    }
+
+    /// Cancel an order. Idempotent per `Idempotency-Key`; cancelling a cancelled order
+    /// returns it unchanged.
+    #[oai(
+        path = "/v1/orders/:id/cancel",
+        method = "post",
+        operation_id = "cancelOrder"
+    )]
+    async fn cancel_order(
+        &self,
+        auth: BearerAuth,
+        /// The order id.
+        id: Path<Uuid>,
+        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
+        #[oai(name = "Idempotency-Key")]
+        idempotency_key: Header<Option<String>>,
+    ) -> poem::Result<Documented<Idempotent<CancelOrderResponse>>> {
+        auth.0.require(SCOPE_WRITE)?;
+        let key = IdempotencyKey::parse(idempotency_key.0.as_deref())?;
+        let tenant = auth.0.tenant;
+        let id = id.0;
+        let fingerprint = Fingerprint::of(&RequestShape::<()> {
+            path: Some(PathParams { id }),
+            body: None,
+        });
+        let scope = Scope {
+            tenant,
+            endpoint: CANCEL_ENDPOINT,
+            key,
+        };
+        let response = self
+            .state
+            .guard
+            .run(scope, fingerprint, move |tx| {
+                Box::pin(async move {
+                    Ok(match orders::store::cancel(tx, tenant, id).await? {
+                        CancelOutcome::Cancelled(order)
+                        | CancelOutcome::AlreadyCancelled(order) => {
+                            CancelOrderResponse::Cancelled(Json(order))
+                        }
+                        CancelOutcome::NotFound => {
+                            CancelOrderResponse::NotFound(Json(not_found(id)))
+                        }
+                    })
+                })
+            })
+            .await?;
+        Ok(Documented(response))
+    }
+
+    /// Get one order of the caller's tenant.
+    #[oai(path = "/v1/orders/:id", method = "get", operation_id = "getOrder")]
+    async fn get_order(
+        &self,
+        auth: BearerAuth,
+        id: Path<Uuid>,
+    ) -> poem::Result<Documented<GetOrderResponse>> {
+        auth.0.require(SCOPE_READ)?;
+        let found = orders::store::get(&self.state.pool, auth.0.tenant, id.0)
+            .await
+            .map_err(Problem::from)?;
+        Ok(Documented(match found {
+            Some(order) => GetOrderResponse::Found(Json(order)),
+            None => GetOrderResponse::NotFound(Json(not_found(id.0))),
+        }))
+    }
+
+    /// List the caller's orders, newest first, with keyset pagination.
+    #[oai(path = "/v1/orders", method = "get", operation_id = "listOrders")]
+    async fn list_orders(
+        &self,
+        auth: BearerAuth,
+        /// Page size, 1 to 100.
+        #[oai(
+            default = "default_limit",
+            validator(minimum(value = "1"), maximum(value = "100"))
+        )]
+        limit: Query<i64>,
+        /// The `next` cursor of the previous page.
+        after: Query<Option<String>>,
+    ) -> poem::Result<Documented<ListOrdersResponse>> {
+        auth.0.require(SCOPE_READ)?;
+        let after = after.0.as_deref().map(decode_cursor).transpose()?;
+        // One extra row tells whether a next page exists without a count query.
+        let mut items = orders::store::list(&self.state.pool, auth.0.tenant, limit.0 + 1, after)
+            .await
+            .map_err(Problem::from)?;
+        let next = if items.len() as i64 > limit.0 {
+            items.truncate(limit.0 as usize);
+            items.last().map(|o| encode_cursor(o.created_at, o.id))
+        } else {
+            None
+        };
+        Ok(Documented(ListOrdersResponse::Page(Json(OrderPage {
+            items,
+            next,
+        }))))
+    }
+}
+
+fn default_limit() -> i64 {
+    20
+}
+
+/// The fingerprint of a create: the parsed body with defaults applied.
+pub fn create_fingerprint(new: &NewOrder) -> Fingerprint {
+    Fingerprint::of(&RequestShape {
+        path: None,
+        body: Some(new),
+    })
+}
+
+/// The fingerprint of a cancel: the order id from the path.
+pub fn cancel_fingerprint(id: Uuid) -> Fingerprint {
+    Fingerprint::of(&RequestShape::<()> {
+        path: Some(PathParams { id }),
+        body: None,
+    })
+}
+
+/// What the fingerprint covers: path parameters and the parsed body with defaults.
+#[derive(Serialize)]
+struct RequestShape<'a, B: Serialize> {
+    path: Option<PathParams>,
+    body: Option<&'a B>,
+}
+
+#[derive(Serialize)]
+struct PathParams {
+    id: Uuid,
+}
+
+fn not_found(id: Uuid) -> ProblemDetails {
+    let mut details = Problem::new(Kind::NotFound)
+        .with_detail(format!("order {id} does not exist"))
+        .details();
+    details.instance = Some(format!("/v1/orders/{id}"));
+    details
+}
+
+/// Opaque cursor: the `(created_at, id)` of the last order of a page.
+fn encode_cursor(created_at: DateTime<Utc>, id: Uuid) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}.{}", created_at.timestamp_micros(), id.simple()))
+}
+
+fn decode_cursor(cursor: &str) -> Result<PageAfter, Problem> {
+    let bad = || {
+        Problem::new(Kind::ValidationError)
+            .with_detail("`after` is not a cursor returned by this API")
+            .with_errors(vec![FieldError {
+                field: "after".into(),
+                message: "not a valid cursor".into(),
+            }])
+    };
+    let text = URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(bad)?;
+    let (micros, id) = text.split_once('.').ok_or_else(bad)?;
+    let created_at = micros
+        .parse::<i64>()
+        .ok()
+        .and_then(DateTime::from_timestamp_micros)
+        .ok_or_else(bad)?;
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok(PageAfter { created_at, id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_a_validation_error() {
+        let at = DateTime::from_timestamp_micros(1_790_000_000_123_456).unwrap();
+        let id = Uuid::now_v7();
+        assert_eq!(
+            decode_cursor(&encode_cursor(at, id)).unwrap(),
+            PageAfter { created_at: at, id }
+        );
+        for bad in [
+            "",
+            "!!!",
+            "bm9wZQ",
+            &URL_SAFE_NO_PAD.encode("12.not-a-uuid"),
+        ] {
+            assert_eq!(
+                decode_cursor(bad).unwrap_err().kind,
+                Kind::ValidationError,
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Retention purge of the idempotency table, off the request path.
+//!
+//! Deletes in bounded batches (each its own short transaction with SKIP LOCKED), so
+//! the purge never holds many locks, never bloats one transaction's WAL, and several
+//! replicas can run it at once.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+use crate::idempotency::store;
+
+/// Rows deleted per statement.
+pub const PURGE_BATCH: i64 = 1000;
+/// A PROCESSING claim whose lease ran out this long ago, and that no retry took over,
+/// is deleted: its client has evidently given up, and a later retry simply claims anew.
+pub const ABANDONED_GRACE_SECS: i64 = 3600;
+
+/// What one purge pass deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeReport {
+    pub expired_keys: u64,
+    pub abandoned_claims: u64,
+}
+
+/// One full pass: batches until nothing more is due.
+pub async fn purge_once(pool: &PgPool, batch: i64) -> sqlx::Result<PurgeReport> {
+    let mut report = PurgeReport::default();
+    loop {
+        let n = store::purge_expired(pool, batch).await?;
+        report.expired_keys += n;
+        if (n as i64) < batch {
+            break;
+        }
+    }
+    loop {
+        let n = store::purge_abandoned(pool, ABANDONED_GRACE_SECS, batch).await?;
+        report.abandoned_claims += n;
+        if (n as i64) < batch {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// Runs [`purge_once`] every `interval` until `shutdown` flips to true.
+pub async fn run_periodic(pool: PgPool, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        match purge_once(&pool, PURGE_BATCH).await {
+            Ok(report) if report != PurgeReport::default() => {
+                tracing::info!(
+                    expired_keys = report.expired_keys,
+                    abandoned_claims = report.abandoned_claims,
+                    "purged idempotency records"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "idempotency purge failed; will retry"),
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! SQL of the `orders` table. Writes run inside the caller's transaction and append
+//! their outbox event through it, so the change and its event commit or vanish together.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::{CancelOutcome, NewOrder, Order};
+use crate::{auth::TenantId, outbox};
+
+/// The columns of [`Order`], as a macro so that every query stays a `&'static str`
+/// (sqlx refuses runtime-built SQL).
+macro_rules! columns {
+    () => {
+        "id, sku, quantity, customer_ref, status, created_at, updated_at, version"
+    };
+}
+
+/// Inserts the order and its `OrderCreated` event.
+pub async fn create(
+    tx: &mut PgConnection,
+    tenant: TenantId,
+    new: &NewOrder,
+) -> sqlx::Result<Order> {
+    let order: Order = sqlx::query_as(concat!(
+        "INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, 'CREATED', clock_timestamp(), clock_timestamp())
+         RETURNING ", columns!(), ""
+    ))
+    .bind(tenant.0)
+    .bind(Uuid::now_v7())
+    .bind(&new.sku)
+    .bind(new.quantity)
+    .bind(&new.customer_ref)
+    .fetch_one(&mut *tx)
+    .await?;
+    outbox::writer::append(tx, tenant, outbox::EventType::OrderCreated, &order).await?;
+    Ok(order)
+}
+
+/// Cancels the order; a second cancel returns it unchanged and emits nothing.
+pub async fn cancel(
+    tx: &mut PgConnection,
+    tenant: TenantId,
+    id: Uuid,
+) -> sqlx::Result<CancelOutcome> {
+    // The row lock taken here serialises concurrent changes of one order, which is
+    // what makes `version` (and so event order) follow commit order.
+    let cancelled: Option<Order> = sqlx::query_as(concat!(
+        "UPDATE orders SET status = 'CANCELLED', version = version + 1, updated_at = clock_timestamp()
+         WHERE tenant_id = $1 AND id = $2 AND status = 'CREATED'
+         RETURNING ", columns!(), ""
+    ))
+    .bind(tenant.0)
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(order) = cancelled {
+        outbox::writer::append(tx, tenant, outbox::EventType::OrderCancelled, &order).await?;
+        return Ok(CancelOutcome::Cancelled(order));
+    }
+    Ok(match get(&mut *tx, tenant, id).await? {
+        Some(order) => CancelOutcome::AlreadyCancelled(order),
+        None => CancelOutcome::NotFound,
+    })
+}
+
+/// One order of this tenant.
+pub async fn get(
+    db: impl PgExecutor<'_>,
+    tenant: TenantId,
+    id: Uuid,
+) -> sqlx::Result<Option<Order>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM orders WHERE tenant_id = $1 AND id = $2"
+    ))
+    .bind(tenant.0)
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Position after which a page starts: the last order of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageAfter {
+    pub created_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+/// Newest first, keyset-paginated on `(created_at, id)`; returns up to `limit` orders.
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    tenant: TenantId,
+    limit: i64,
+    after: Option<PageAfter>,
+) -> sqlx::Result<Vec<Order>> {
+    match after {
+        None => {
+            sqlx::query_as(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM orders WHERE tenant_id = $1
+                 ORDER BY created_at DESC, id DESC LIMIT $2"
+            ))
+            .bind(tenant.0)
+            .bind(limit)
+            .fetch_all(db)
+            .await
+        }
+        Some(after) => {
+            sqlx::query_as(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM orders WHERE tenant_id = $1 AND (created_at, id) < ($2, $3)
+                 ORDER BY created_at DESC, id DESC LIMIT $4"
+            ))
+            .bind(tenant.0)
+            .bind(after.created_at)
+            .bind(after.id)
+            .bind(limit)
+            .fetch_all(db)
+            .await
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Appends an event to `outbox_event` through the caller's transaction.
+//!
+//! Must only ever be called with the transaction that made the change: that is the
+//! whole guarantee (the change and its event commit together, or neither does).
+
+use poem_openapi::types::ToJSON;
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::EventType;
+use crate::{auth::TenantId, orders::Order};
+
+/// The SNS message body (contract section 6). Timestamps and the order are rendered
+/// exactly as the API renders them, so a consumer sees one format everywhere.
+#[derive(Debug, Serialize)]
+pub struct EventBody {
+    pub event_id: Uuid,
+    pub event_type: &'static str,
+    pub occurred_at: String,
+    pub tenant_id: Uuid,
+    pub order: serde_json::Value,
+}
+
+/// Writes one event for `order` as it is after the change; returns its `event_id`.
+pub async fn append(
+    tx: &mut PgConnection,
+    tenant: TenantId,
+    event_type: EventType,
+    order: &Order,
+) -> sqlx::Result<Uuid> {
+    let event_id = Uuid::now_v7();
+    let body = EventBody {
+        event_id,
+        event_type: event_type.as_str(),
+        occurred_at: order
+            .updated_at
+            .to_json()
+            .unwrap_or_default()
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        tenant_id: tenant.0,
+        order: order.to_json().unwrap_or_default(),
+    };
+    let payload = serde_json::to_value(&body).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    sqlx::query(
+        "INSERT INTO outbox_event
+           (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())",
+    )
+    .bind(tenant.0)
+    .bind(event_id)
+    .bind(order.id)
+    .bind(order.version)
+    .bind(event_type.as_str())
+    .bind(payload)
+    .bind(order.updated_at)
+    .execute(&mut *tx)
+    .await?;
+    Ok(event_id)
+}

@@ -1,0 +1,237 @@
+//! The one error type of the HTTP layer, rendered as RFC 9457 `application/problem+json`.
+//!
+//! Expected outcomes that a client must be able to tell apart (404, 409, 422, ...) are
+//! problems with a stable `type` slug from contract section 5. Unexpected failures become
+//! [`Problem::internal`], whose body says nothing about the cause: the cause goes to the
+//! log, where an operator can read it, and never to the client.
+
+use poem::{
+    Response,
+    http::{HeaderName, HeaderValue, StatusCode, header},
+};
+use poem_openapi::Object;
+use serde::Serialize;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The wire format of a problem (also the OpenAPI schema of every error response).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+#[oai(rename = "Problem")]
+pub struct ProblemDetails {
+    /// A URI reference naming the kind of problem: `/problems/<slug>`.
+    #[serde(rename = "type")]
+    #[oai(rename = "type")]
+    pub kind: String,
+    /// Short, human-readable summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// Explanation specific to this occurrence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The request path this occurrence concerns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Field errors, for `validation-error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<FieldError>>,
+}
+
+/// One invalid input field.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+pub struct FieldError {
+    /// The field (or parameter) name.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// The slugs of contract section 5; `title` texts are fixed per slug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    IdempotencyKeyMissing,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyReused,
+    IdempotencyKeyInFlight,
+    ValidationError,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ServiceUnavailable,
+    InternalError,
+}
+
+impl Kind {
+    pub fn slug(self) -> &'static str {
+        match self {
+            Kind::IdempotencyKeyMissing => "idempotency-key-missing",
+            Kind::IdempotencyKeyInvalid => "idempotency-key-invalid",
+            Kind::IdempotencyKeyReused => "idempotency-key-reused",
+            Kind::IdempotencyKeyInFlight => "idempotency-key-in-flight",
+            Kind::ValidationError => "validation-error",
+            Kind::Unauthorized => "unauthorized",
+            Kind::Forbidden => "forbidden",
+            Kind::NotFound => "not-found",
+            Kind::MethodNotAllowed => "method-not-allowed",
+            Kind::PayloadTooLarge => "payload-too-large",
+            Kind::UnsupportedMediaType => "unsupported-media-type",
+            Kind::ServiceUnavailable => "service-unavailable",
+            Kind::InternalError => "internal-error",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Kind::IdempotencyKeyMissing => "Idempotency-Key header is required",
+            Kind::IdempotencyKeyInvalid => "Idempotency-Key header is malformed",
+            Kind::IdempotencyKeyReused => "Idempotency-Key was already used with another request",
+            Kind::IdempotencyKeyInFlight => "A request with this Idempotency-Key is in progress",
+            Kind::ValidationError => "The request is invalid",
+            Kind::Unauthorized => "Authentication is required",
+            Kind::Forbidden => "The token lacks the required scope",
+            Kind::NotFound => "Not found",
+            Kind::MethodNotAllowed => "Method not allowed",
+            Kind::PayloadTooLarge => "Payload too large",
+            Kind::UnsupportedMediaType => "Unsupported media type",
+            Kind::ServiceUnavailable => "Service unavailable",
+            Kind::InternalError => "Internal error",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Kind::IdempotencyKeyMissing | Kind::IdempotencyKeyInvalid | Kind::ValidationError => {
+                StatusCode::BAD_REQUEST
+            }
+            Kind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Kind::IdempotencyKeyInFlight => StatusCode::CONFLICT,
+            Kind::Unauthorized => StatusCode::UNAUTHORIZED,
+            Kind::Forbidden => StatusCode::FORBIDDEN,
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Kind::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// An error answered to the client as problem+json.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {}", kind.slug(), detail.as_deref().unwrap_or(kind.title()))]
+pub struct Problem {
+    pub kind: Kind,
+    pub detail: Option<String>,
+    pub errors: Option<Vec<FieldError>>,
+    /// Extra response headers (`Retry-After`, `WWW-Authenticate`).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    pub fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            detail: None,
+            errors: None,
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    pub fn with_errors(mut self, errors: Vec<FieldError>) -> Self {
+        self.errors = Some(errors);
+        self
+    }
+
+    /// An unexpected failure. The cause is logged here, once, with its whole chain;
+    /// the client sees only a generic body.
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        let cause = cause.into();
+        tracing::error!(error = format!("{cause:#}"), "request failed");
+        Self::new(Kind::InternalError)
+    }
+
+    pub fn unavailable(cause: impl Into<anyhow::Error>) -> Self {
+        let cause = cause.into();
+        tracing::warn!(error = format!("{cause:#}"), "dependency unavailable");
+        Self::new(Kind::ServiceUnavailable)
+    }
+
+    /// 401 with the RFC 6750 challenge.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Unauthorized)
+            .with_detail(detail)
+            .with_header(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Bearer error="invalid_token""#),
+            )
+    }
+
+    pub fn details(&self) -> ProblemDetails {
+        ProblemDetails {
+            kind: format!("/problems/{}", self.kind.slug()),
+            title: self.kind.title().to_string(),
+            status: self.kind.status().as_u16(),
+            detail: self.detail.clone(),
+            instance: None,
+            errors: self.errors.clone(),
+        }
+    }
+
+    /// Serialises the body; `instance` is the request path when known.
+    pub fn to_response(&self, instance: Option<&str>) -> Response {
+        let mut details = self.details();
+        details.instance = instance.map(str::to_string);
+        let body = serde_json::to_vec(&details).expect("problem details always serialise");
+        let mut response = Response::builder()
+            .status(self.kind.status())
+            .content_type(PROBLEM_JSON)
+            .body(body);
+        for (name, value) in &self.headers {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+        response
+    }
+}
+
+impl poem::error::ResponseError for Problem {
+    fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    fn as_response(&self) -> Response {
+        self.to_response(None)
+    }
+}
+
+impl From<sqlx::Error> for Problem {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            // A pool that cannot hand out a connection is an availability problem, not a bug.
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                Problem::unavailable(err)
+            }
+            other => Problem::internal(other),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Problem {
+    fn from(err: anyhow::Error) -> Self {
+        Problem::internal(err)
+    }
+}

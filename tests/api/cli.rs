@@ -1,0 +1,195 @@
+//! The binary itself: subcommands, start-up errors and graceful shutdown.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use uuid::Uuid;
+
+use crate::helpers::{SECRET, TestDb, order_body};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orderd");
+
+#[test]
+fn token_prints_a_token_alone_that_the_service_accepts() {
+    let tenant = Uuid::new_v4();
+    let out = Command::new(BIN)
+        .args([
+            "token",
+            "--tenant",
+            &tenant.to_string(),
+            "--scope",
+            "orders:read",
+            "--ttl",
+            "5m",
+        ])
+        .env("ORDERD_JWT_HS256_SECRET", SECRET)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1);
+    let verifier = orderd::auth::Verifier::new(&orderd::config::JwtConfig {
+        hs256_secret: Some(orderd::config::Secret::new(SECRET)),
+        ..Default::default()
+    })
+    .unwrap();
+    let principal = verifier.verify(stdout.trim()).unwrap();
+    assert_eq!(principal.tenant.0, tenant);
+    assert!(principal.require("orders:read").is_ok() && principal.require("orders:write").is_err());
+}
+
+#[test]
+fn openapi_yaml_prints_the_committed_document() {
+    let out = Command::new(BIN)
+        .args(["openapi", "--yaml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        include_str!("../../openapi/openapi.yaml")
+    );
+}
+
+#[test]
+fn a_missing_or_malformed_setting_stops_serve_with_one_line_naming_it() {
+    let out = Command::new(BIN)
+        .arg("serve")
+        .env_remove("DATABASE_URL")
+        .env("ORDERD_JWT_HS256_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("DATABASE_URL"), "{stderr}");
+
+    let out = Command::new(BIN)
+        .arg("serve")
+        .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+        .env("ORDERD_LEASE_SECS", "forever")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && stderr.contains("ORDERD_LEASE_SECS"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
+    let db = TestDb::new().await;
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .arg("serve")
+            .env("DATABASE_URL", &db.url)
+            .env("ORDERD_BIND", "127.0.0.1:0")
+            .env("ORDERD_JWT_HS256_SECRET", SECRET)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // The bound address is logged: read it from the log.
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("address=").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap().to_string());
+            }
+        }
+    });
+    let address = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("serve logs its address");
+
+    // Stall the request inside its transaction, then ask the server to stop.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let secret = orderd::config::Secret::new(SECRET);
+    let token = orderd::auth::mint_hs256(
+        &secret,
+        Uuid::new_v4(),
+        "t",
+        "orders:write",
+        Duration::from_secs(60),
+        None,
+        None,
+    )
+    .unwrap();
+    let request = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("http://{address}/v1/orders"))
+            .bearer_auth(token)
+            .header("Idempotency-Key", "graceful-shutdown-key-1")
+            .json(&order_body("SIG-1", 1))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_record")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if n == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = child.0.id();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.rollback().await.unwrap();
+
+    assert_eq!(
+        request
+            .await
+            .unwrap()
+            .expect("the in-flight request was answered"),
+        201
+    );
+    let status = tokio::task::spawn_blocking(move || child.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "serve exits cleanly after SIGTERM: {status}"
+    );
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1);
+}
+
+/// Never leaves a server behind when a test fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

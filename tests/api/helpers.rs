@@ -1,0 +1,292 @@
+//! Test harness: every test gets its own database on the real PostgreSQL server and
+//! its own orderd on a free loopback port.
+
+use std::{collections::HashMap, str::FromStr, time::Duration};
+
+use orderd::{app::Application, config::Config};
+use reqwest::{Response, header::HeaderMap};
+use serde_json::Value;
+use sqlx::{
+    Connection, Executor, PgConnection, PgPool,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+use uuid::Uuid;
+
+pub const SECRET: &str = "integration-test-secret-0123456789";
+
+/// The server that hosts the per-test databases (exported by `.ci/test`).
+pub fn admin_url() -> String {
+    std::env::var("ORDERD_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .expect("set ORDERD_TEST_DATABASE_URL or DATABASE_URL (run the suite with .ci/test)")
+}
+
+/// A fresh, migrated database, dropped again when the value is dropped.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let admin = admin_url();
+        let name = format!("orderd_test_{}", Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .expect("connect to the admin database");
+        conn.execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let options = PgConnectOptions::from_str(&admin)
+            .expect("admin URL parses")
+            .database(&name);
+        let url = url_with_database(&admin, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("connect to test database");
+        orderd::MIGRATOR.run(&pool).await.expect("migrations apply");
+        Self { name, url, pool }
+    }
+}
+
+fn url_with_database(admin: &str, name: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (admin, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let pool = self.pool.clone();
+        // Drop runs outside any async context we can rely on: use a private runtime.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                pool.close().await;
+                if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
+                        )))
+                        .await;
+                }
+            });
+        })
+        .join()
+        .ok();
+    }
+}
+
+/// A running orderd bound to its own database.
+pub struct TestApp {
+    pub base: String,
+    pub db: TestDb,
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+/// Settings a test may change; everything else takes the production default.
+pub fn settings(db: &TestDb, overrides: &[(&str, &str)]) -> Config {
+    let mut vars: HashMap<String, String> = HashMap::from([
+        ("DATABASE_URL".into(), db.url.clone()),
+        ("ORDERD_BIND".into(), "127.0.0.1:0".into()),
+        ("ORDERD_JWT_HS256_SECRET".into(), SECRET.into()),
+    ]);
+    for (k, v) in overrides {
+        vars.insert(k.to_string(), v.to_string());
+    }
+    Config::from_lookup(|name| vars.get(name).cloned()).expect("test configuration is valid")
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+pub async fn spawn_app_with(overrides: &[(&str, &str)]) -> TestApp {
+    if std::env::var_os("TEST_LOG").is_some() {
+        orderd::telemetry::init(false);
+    }
+    let db = TestDb::new().await;
+    let config = settings(&db, overrides);
+    let pool = orderd::db::connect(db.url.as_str(), config.db_pool_size)
+        .await
+        .expect("app pool");
+    let app = Application::build(config, pool).await.expect("app builds");
+    let address = app.address();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = stopped.await;
+    }));
+    TestApp {
+        base: format!("http://{address}"),
+        db,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap(),
+        stop: Some(stop),
+        server: Some(server),
+    }
+}
+
+/// The parts of a response a test looks at, read once.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub async fn read(response: Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("body reads").to_vec();
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    /// Asserts a problem+json body with the given status and slug.
+    pub fn assert_problem(&self, status: u16, slug: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        let body = self.json();
+        assert_eq!(body["type"], format!("/problems/{slug}"), "{body}");
+        assert_eq!(body["status"], status, "{body}");
+        assert!(
+            body["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{body}"
+        );
+    }
+}
+
+impl TestApp {
+    pub fn token(&self, tenant: Uuid) -> String {
+        self.token_with_scope(tenant, "orders:read orders:write")
+    }
+
+    pub fn token_with_scope(&self, tenant: Uuid, scope: &str) -> String {
+        let secret = orderd::config::Secret::new(SECRET);
+        orderd::auth::mint_hs256(
+            &secret,
+            tenant,
+            "tests",
+            scope,
+            Duration::from_secs(600),
+            None,
+            None,
+        )
+        .unwrap()
+    }
+
+    pub async fn create(&self, token: &str, key: &str, body: &Value) -> Reply {
+        self.create_raw(token, Some(key), serde_json::to_vec(body).unwrap())
+            .await
+    }
+
+    pub async fn create_raw(&self, token: &str, key: Option<&str>, body: Vec<u8>) -> Reply {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/orders", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        Reply::read(request.send().await.expect("request sent")).await
+    }
+
+    pub async fn cancel(&self, token: &str, key: &str, id: &str) -> Reply {
+        let response = self
+            .client
+            .post(format!("{}/v1/orders/{id}/cancel", self.base))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .send()
+            .await
+            .expect("request sent");
+        Reply::read(response).await
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> Reply {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request sent");
+        Reply::read(response).await
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
+
+/// A valid create body.
+pub fn order_body(sku: &str, quantity: i32) -> Value {
+    serde_json::json!({ "sku": sku, "quantity": quantity })
+}
+
+/// A fresh valid idempotency key.
+pub fn new_key() -> String {
+    format!("key-{}", Uuid::new_v4().simple())
+}

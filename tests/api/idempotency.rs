@@ -1,0 +1,570 @@
+//! Each row of the contract's idempotency table (section 4), one test each, plus the
+//! ownership rules: fencing, takeover, release on failure, retention.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::helpers::{new_key, order_body, spawn_app, spawn_app_with};
+
+const CREATE: &str = "POST /v1/orders";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_key_creates_the_order_and_stores_its_response() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let reply = app
+        .create(
+            &token,
+            &new_key(),
+            &json!({"sku": "ABC-1", "quantity": 2, "customer_ref": "c-9"}),
+        )
+        .await;
+
+    assert_eq!(reply.status, 201);
+    let order = reply.json();
+    assert_eq!(order["sku"], "ABC-1");
+    assert_eq!(order["quantity"], 2);
+    assert_eq!(order["customer_ref"], "c-9");
+    assert_eq!(order["status"], "CREATED");
+    assert_eq!(
+        reply.header("location"),
+        Some(format!("/v1/orders/{}", order["id"].as_str().unwrap()))
+    );
+    assert_eq!(reply.header("idempotent-replayed"), None);
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+    let (state, status, body): (String, i16, Vec<u8>) =
+        sqlx::query_as("SELECT state, response_status, response_body FROM idempotency_record")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), status), ("COMPLETED", 201));
+    assert_eq!(
+        body, reply.body,
+        "the stored body is the body that was sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_key_with_the_same_request_replays_byte_for_byte() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    let first = app.create(&token, &key, &order_body("SKU-1", 3)).await;
+    let again = app.create(&token, &key, &order_body("SKU-1", 3)).await;
+
+    assert_eq!(first.status, 201);
+    assert_eq!(again.status, 201);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("location"), first.header("location"));
+    assert_eq!(again.header("content-type"), first.header("content-type"));
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_key_with_a_different_request_is_422() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    assert_eq!(
+        app.create(&token, &key, &order_body("SKU-1", 3))
+            .await
+            .status,
+        201
+    );
+    app.create(&token, &key, &order_body("SKU-1", 4))
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(app.count("orders").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processing_key_with_a_different_request_is_422() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    insert_processing(&app, tenant, &key, &[0u8; 32], "30 seconds").await;
+    app.create(&app.token(tenant), &key, &order_body("SKU-1", 1))
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(app.count("orders").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processing_key_with_a_valid_lease_answers_409_with_a_short_retry_after() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    let body = order_body("SKU-1", 1);
+    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "30 seconds").await;
+
+    let reply = app.create(&app.token(tenant), &key, &body).await;
+    reply.assert_problem(409, "idempotency-key-in-flight");
+    let retry_after: u64 = reply
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(app.count("orders").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_twin_that_finishes_within_the_wait_is_replayed() {
+    let app = spawn_app_with(&[("ORDERD_INFLIGHT_WAIT_MS", "5000")]).await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    let body = order_body("SKU-1", 1);
+    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "30 seconds").await;
+
+    // The "owner" completes 300 ms later, while our request waits.
+    let pool = app.db.pool.clone();
+    let stored = br#"{"stored":"by the owner"}"#.to_vec();
+    let finisher = tokio::spawn({
+        let stored = stored.clone();
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            sqlx::query(
+                "UPDATE idempotency_record SET state = 'COMPLETED', response_status = 201,
+                   response_body = $1, response_content_type = 'application/json; charset=utf-8',
+                   response_location = '/v1/orders/x', completed_at = now(), expires_at = now() + interval '1 day',
+                   lease_until = NULL",
+            )
+            .bind(stored)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    });
+    let reply = app.create(&app.token(tenant), &key, &body).await;
+    finisher.await.unwrap();
+    assert_eq!(reply.status, 201);
+    assert_eq!(reply.body, stored);
+    assert_eq!(reply.header("idempotent-replayed").as_deref(), Some("true"));
+    assert_eq!(
+        app.count("orders").await,
+        0,
+        "the waiting request never executed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processing_key_whose_lease_expired_is_taken_over_and_completed_once() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    let body = order_body("SKU-1", 1);
+    // Left behind by a worker that was killed after its claim.
+    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "-1 second").await;
+
+    let first = app.create(&app.token(tenant), &key, &body).await;
+    assert_eq!(first.status, 201);
+    let again = app.create(&app.token(tenant), &key, &body).await;
+    assert_eq!(again.body, first.body);
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+    let owner: Option<Uuid> = sqlx::query_scalar("SELECT owner_token FROM idempotency_record")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_ne!(
+        owner,
+        Some(DEAD_OWNER),
+        "the takeover replaced the owner token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
+    let app = spawn_app_with(&[("ORDERD_LEASE_SECS", "1"), ("ORDERD_INFLIGHT_WAIT_MS", "0")]).await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    let body = order_body("SKU-1", 1);
+
+    // Stall every order insert by holding a lock on the table from the test.
+    let mut blocker = app.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+
+    // A claims the key and blocks on its insert.
+    let a = tokio::spawn({
+        let (app_base, token, key, body) =
+            (app.base.clone(), token.clone(), key.clone(), body.clone());
+        async move { post(&app_base, &token, &key, &body).await }
+    });
+    wait_for_claim(&app).await;
+    // A's lease runs out; B takes the key over and blocks on its insert too.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let b = tokio::spawn({
+        let (app_base, token, key, body) =
+            (app.base.clone(), token.clone(), key.clone(), body.clone());
+        async move { post(&app_base, &token, &key, &body).await }
+    });
+    wait_for_owner_change(&app).await;
+    blocker.rollback().await.unwrap();
+
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [201, 409],
+        "exactly one owner commits: A={} B={}",
+        a.0,
+        b.0
+    );
+    assert_eq!(a.0, 409, "A lost its lease, so A is the one refused");
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+    let replay = app.create(&token, &key, &body).await;
+    assert_eq!(replay.body, b.1, "the key holds B's answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unexpected_failure_releases_the_key_so_a_retry_succeeds() {
+    let app = spawn_app().await;
+    // The database refuses the first order insert, as if it failed mid-request.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE fail_once;
+         CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF nextval('fail_once') = 1 THEN RAISE EXCEPTION 'injected failure'; END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER fail_first BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION fail_first_insert();",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+
+    let failed = app.create(&token, &key, &order_body("SKU-1", 1)).await;
+    failed.assert_problem(500, "internal-error");
+    assert!(
+        !String::from_utf8_lossy(&failed.body).contains("injected"),
+        "no internal detail leaks"
+    );
+    // The release runs right after the response; give it a moment.
+    for _ in 0..100 {
+        if app.count("idempotency_record").await == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        app.count("idempotency_record").await,
+        0,
+        "the claim was released"
+    );
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (0, 0)
+    );
+
+    let retry = app.create(&token, &key, &order_body("SKU-1", 1)).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), None);
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_its_retention_is_a_new_request() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    assert_eq!(
+        app.create(&token, &key, &order_body("SKU-1", 1))
+            .await
+            .status,
+        201
+    );
+    sqlx::query(
+        "UPDATE idempotency_record SET expires_at = clock_timestamp() - interval '1 second'",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+
+    // Even a different body is no conflict any more: the key is forgotten.
+    let reply = app.create(&token, &key, &order_body("SKU-2", 5)).await;
+    assert_eq!(reply.status, 201);
+    assert_eq!(reply.header("idempotent-replayed"), None);
+    assert_eq!(reply.json()["sku"], "SKU-2");
+    assert_eq!(app.count("orders").await, 2);
+    assert_eq!(app.count("idempotency_record").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completed_ttl_setting_decides_expiry() {
+    let app = spawn_app_with(&[("ORDERD_IDEMPOTENCY_TTL_SECS", "7")]).await;
+    let token = app.token(Uuid::new_v4());
+    assert_eq!(
+        app.create(&token, &new_key(), &order_body("SKU-1", 1))
+            .await
+            .status,
+        201
+    );
+    let secs: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - completed_at)::float8 FROM idempotency_record",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!((secs - 7.0).abs() < 0.01, "{secs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_json_replays_and_any_changed_value_is_422() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    let first = app
+        .create_raw(
+            &token,
+            Some(&key),
+            br#"{"sku":"AB-1","quantity":2}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(first.status, 201);
+
+    for same in [
+        "{ \"quantity\" : 2 ,\n\t\"sku\" : \"AB-1\" }",
+        r#"{"sku":"\u0041B-1","quantity":2}"#,
+        r#"{"sku":"AB-1","quantity":2,"customer_ref":null}"#,
+    ] {
+        let reply = app
+            .create_raw(&token, Some(&key), same.as_bytes().to_vec())
+            .await;
+        assert_eq!(reply.status, 201, "{same}");
+        assert_eq!(reply.body, first.body, "{same}");
+        assert_eq!(reply.header("idempotent-replayed").as_deref(), Some("true"));
+    }
+    for changed in [
+        r#"{"sku":"AB-1","quantity":3}"#,
+        r#"{"sku":"AB-2","quantity":2}"#,
+        r#"{"sku":"ab-1","quantity":2}"#,
+        r#"{"sku":"AB-1","quantity":2,"customer_ref":"x"}"#,
+        r#"{"sku":"AB-1","quantity":2,"customer_ref":""}"#,
+    ] {
+        app.create_raw(&token, Some(&key), changed.as_bytes().to_vec())
+            .await
+            .assert_problem(422, "idempotency-key-reused");
+    }
+    assert_eq!(app.count("orders").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_an_unknown_order_is_stored_and_replayed_like_a_success() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    let missing = Uuid::new_v4().to_string();
+    let first = app.cancel(&token, &key, &missing).await;
+    first.assert_problem(404, "not-found");
+    let again = app.cancel(&token, &key, &missing).await;
+    assert_eq!(again.status, 404);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+    assert_eq!(
+        again.header("content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM idempotency_record")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "COMPLETED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fails_validation_stores_nothing() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    app.create(&token, &key, &order_body("SKU-1", 0))
+        .await
+        .assert_problem(400, "validation-error");
+    assert_eq!(app.count("idempotency_record").await, 0);
+    // The key is still free for a valid request.
+    assert_eq!(
+        app.create(&token, &key, &order_body("SKU-1", 1))
+            .await
+            .status,
+        201
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_for_two_tenants_or_two_endpoints_names_unrelated_operations() {
+    let app = spawn_app().await;
+    let (t1, t2) = (app.token(Uuid::new_v4()), app.token(Uuid::new_v4()));
+    let key = new_key();
+    let a = app.create(&t1, &key, &order_body("SKU-1", 1)).await;
+    let b = app.create(&t2, &key, &order_body("SKU-1", 1)).await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert_ne!(a.json()["id"], b.json()["id"]);
+    assert_eq!(b.header("idempotent-replayed"), None);
+
+    // The create key reused on cancel is a fresh cancel, not a 422.
+    let id = a.json()["id"].as_str().unwrap().to_string();
+    let cancelled = app.cancel(&t1, &key, &id).await;
+    assert_eq!(cancelled.status, 200);
+    assert_eq!(cancelled.json()["status"], "CANCELLED");
+    assert_eq!(app.count("orders").await, 2);
+    assert_eq!(app.count("idempotency_record").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_and_bare_keys_and_uuid_spellings_name_the_same_operation() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let body = order_body("SKU-1", 1);
+    let first = app.create(&token, "plain-token-key-0001", &body).await;
+    let quoted = app.create(&token, "\"plain-token-key-0001\"", &body).await;
+    assert_eq!(quoted.body, first.body);
+    assert_eq!(
+        quoted.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+
+    let uuid = Uuid::new_v4();
+    let lower = app.create(&token, &uuid.to_string(), &body).await;
+    let upper = app
+        .create(&token, &uuid.to_string().to_uppercase(), &body)
+        .await;
+    assert_eq!(upper.body, lower.body);
+    assert_eq!(upper.header("idempotent-replayed").as_deref(), Some("true"));
+    // Non-UUID tokens are case-sensitive.
+    let other = app.create(&token, "PLAIN-TOKEN-KEY-0001", &body).await;
+    assert_eq!(other.header("idempotent-replayed"), None);
+    assert_eq!(app.count("orders").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_missing_keys_are_refused_before_anything_is_stored() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let body = serde_json::to_vec(&order_body("SKU-1", 1)).unwrap();
+    app.create_raw(&token, None, body.clone())
+        .await
+        .assert_problem(400, "idempotency-key-missing");
+    for bad in [
+        "short-15-chars-x".get(..15).unwrap(),
+        &"k".repeat(129),
+        "has spaces in the key",
+        "semi;colon;key;value",
+        "\"unbalanced-quote-key",
+    ] {
+        app.create_raw(&token, Some(bad), body.clone())
+            .await
+            .assert_problem(400, "idempotency-key-invalid");
+    }
+    let cancel = app
+        .cancel(&token, "short", &Uuid::new_v4().to_string())
+        .await;
+    cancel.assert_problem(400, "idempotency-key-invalid");
+    assert_eq!(
+        (
+            app.count("orders").await,
+            app.count("idempotency_record").await
+        ),
+        (0, 0)
+    );
+}
+
+const DEAD_OWNER: Uuid = Uuid::from_u128(0xdead);
+
+/// Leaves a PROCESSING claim as a worker would, with the lease ending `lease` from now.
+async fn insert_processing(
+    app: &crate::helpers::TestApp,
+    tenant: Uuid,
+    key: &str,
+    fingerprint: &[u8],
+    lease: &str,
+) {
+    sqlx::query(
+        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+         VALUES ($1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6::interval, clock_timestamp())",
+    )
+    .bind(tenant)
+    .bind(CREATE)
+    .bind(key)
+    .bind(fingerprint)
+    .bind(DEAD_OWNER)
+    .bind(lease)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+}
+
+/// The fingerprint orderd computes for a create body.
+fn create_fingerprint(body: &serde_json::Value) -> Vec<u8> {
+    let new = orderd::orders::NewOrder {
+        sku: body["sku"].as_str().unwrap().to_string(),
+        quantity: body["quantity"].as_i64().unwrap() as i32,
+        customer_ref: body
+            .get("customer_ref")
+            .and_then(|v| v.as_str())
+            .map(String::from),
+    };
+    orderd::api::orders::create_fingerprint(&new)
+        .as_bytes()
+        .to_vec()
+}
+
+async fn post(base: &str, token: &str, key: &str, body: &serde_json::Value) -> (u16, Vec<u8>) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.bytes().await.unwrap().to_vec(),
+    )
+}
+
+async fn wait_for_claim(app: &crate::helpers::TestApp) {
+    for _ in 0..500 {
+        if app.count("idempotency_record").await == 1 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the first request never claimed its key");
+}
+
+async fn wait_for_owner_change(app: &crate::helpers::TestApp) {
+    for _ in 0..500 {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO orders%'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        if blocked == 2 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the second request never took the key over");
+}

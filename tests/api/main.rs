@@ -1,0 +1,14 @@
+//! Integration tests: the real binary's code against a real PostgreSQL server, one
+//! database per test, requests over real HTTP on loopback.
+
+mod helpers;
+
+mod auth;
+mod cli;
+mod concurrency;
+mod idempotency;
+mod indexes;
+mod openapi;
+mod orders;
+mod purge;
+mod validation;
