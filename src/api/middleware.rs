@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use poem::{
     Body, Endpoint, IntoResponse, Middleware, Request, Response,
-    error::ReadBodyError,
     http::{Method, StatusCode, header},
 };
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::problem::{FieldError, Kind, Problem};
 
@@ -54,6 +54,12 @@ impl<E: Endpoint> Endpoint for ProblemEndpoint<E> {
     }
 }
 
+/// How much of an oversized body is read and thrown away before answering 413, so the
+/// client (which is still sending) receives the answer instead of a connection reset.
+const DRAIN_CAP: u64 = 1024 * 1024;
+/// How long that draining may take; a slow sender is simply cut off.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed, before any handler runs.
 async fn limit_body(req: &mut Request) -> Result<(), Problem> {
     let too_large = || {
@@ -67,20 +73,39 @@ async fn limit_body(req: &mut Request) -> Result<(), Problem> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        drain(req.take_body().into_async_read()).await;
         return Err(too_large());
     }
     if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         return Ok(());
     }
-    match req.take_body().into_bytes_limit(MAX_BODY_BYTES).await {
-        Ok(bytes) => {
-            req.set_body(Body::from_bytes(bytes));
-            Ok(())
-        }
-        Err(ReadBodyError::PayloadTooLarge) => Err(too_large()),
+    let mut reader = req.take_body().into_async_read();
+    let mut body = Vec::new();
+    let read = (&mut reader)
+        .take(MAX_BODY_BYTES as u64 + 1)
+        .read_to_end(&mut body)
+        .await;
+    match read {
         Err(e) => Err(Problem::new(Kind::ValidationError)
             .with_detail(format!("the body could not be read: {e}"))),
+        Ok(_) if body.len() > MAX_BODY_BYTES => {
+            drain(reader).await;
+            Err(too_large())
+        }
+        Ok(_) => {
+            req.set_body(Body::from_vec(body));
+            Ok(())
+        }
     }
+}
+
+async fn drain(reader: impl AsyncRead + Unpin) {
+    let mut capped = reader.take(DRAIN_CAP);
+    let _ = tokio::time::timeout(
+        DRAIN_TIMEOUT,
+        tokio::io::copy(&mut capped, &mut tokio::io::sink()),
+    )
+    .await;
 }
 
 /// Maps any error to the contract's problem types; ours pass through unchanged.

@@ -80,7 +80,18 @@ pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = Result<T, Problem>> + Sen
 /// Runs operations exactly once per `(tenant, endpoint, key)`.
 #[derive(Clone)]
 pub struct Guard {
+    /// Durable commits: the business transaction and its fenced completion.
     pool: PgPool,
+    /// Claim, takeover and release, committed with `synchronous_commit = off`.
+    ///
+    /// Why that is safe: PostgreSQL flushes WAL in order, so the durable commit of the
+    /// business transaction also makes the earlier claim durable. If the server dies
+    /// before that, a claim may vanish, but then nothing was done under it and a retry
+    /// simply claims afresh (a lost release or takeover likewise only leaves a lease to
+    /// expire). Visibility is not delayed, only the flush, so concurrent requests see
+    /// the claim at once. This halves the fsyncs per create (see docs/performance.md and
+    /// the crash test in tests/api/crash.rs).
+    claims: PgPool,
     config: IdempotencyConfig,
 }
 
@@ -93,8 +104,22 @@ enum Claim {
 }
 
 impl Guard {
+    /// Builds the guard over `pool`; the claims pool shares its connection settings
+    /// and connects lazily.
     pub fn new(pool: PgPool, config: IdempotencyConfig) -> Self {
-        Self { pool, config }
+        let options = (*pool.connect_options())
+            .clone()
+            .options([("synchronous_commit", "off")]);
+        let size = (pool.options().get_max_connections() / 2).max(4);
+        let claims = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with(options);
+        Self {
+            pool,
+            claims,
+            config,
+        }
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -139,7 +164,7 @@ impl Guard {
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
         let mut release = ReleaseOnDrop {
-            pool: self.pool.clone(),
+            pool: self.claims.clone(),
             scope: Some(scope.clone()),
             owner,
         };
@@ -155,19 +180,19 @@ impl Guard {
         let mut pause = Duration::from_millis(5);
         loop {
             let owner = Uuid::new_v4();
-            if store::try_insert(&self.pool, scope, fingerprint, owner, lease_ms).await? {
+            if store::try_insert(&self.claims, scope, fingerprint, owner, lease_ms).await? {
                 return Ok(Claim::Owned {
                     owner,
                     outcome: Outcome::Created,
                 });
             }
-            let Some(record) = store::read(&self.pool, scope).await? else {
+            let Some(record) = store::read(&self.claims, scope).await? else {
                 // Released or purged between our insert and our read: try again.
                 continue;
             };
             match record {
                 store::Record::Completed { expired: true, .. } => {
-                    if store::reclaim_expired(&self.pool, scope, fingerprint, owner, lease_ms)
+                    if store::reclaim_expired(&self.claims, scope, fingerprint, owner, lease_ms)
                         .await?
                     {
                         return Ok(Claim::Owned {
@@ -193,7 +218,7 @@ impl Guard {
                     ensure_same_request(&stored, fingerprint)?;
                     if lease_remaining_ms <= 0 {
                         if store::take_over_expired_lease(
-                            &self.pool,
+                            &self.claims,
                             scope,
                             owner_token,
                             owner,

@@ -27,11 +27,17 @@ pub struct TestDb {
     pub name: String,
     pub url: String,
     pub pool: PgPool,
+    admin: String,
 }
 
 impl TestDb {
     pub async fn new() -> Self {
-        let admin = admin_url();
+        Self::on(&admin_url()).await
+    }
+
+    /// A database on the server behind `admin` (a connection URL with rights to create databases).
+    pub async fn on(admin: &str) -> Self {
+        let admin = admin.to_string();
         let name = format!("orderd_test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&admin)
             .await
@@ -50,7 +56,12 @@ impl TestDb {
             .await
             .expect("connect to test database");
         orderd::MIGRATOR.run(&pool).await.expect("migrations apply");
-        Self { name, url, pool }
+        Self {
+            name,
+            url,
+            pool,
+            admin,
+        }
     }
 }
 
@@ -74,6 +85,7 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
         let pool = self.pool.clone();
+        let admin = self.admin.clone();
         // Drop runs outside any async context we can rely on: use a private runtime.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -82,7 +94,7 @@ impl Drop for TestDb {
                 .unwrap();
             rt.block_on(async move {
                 pool.close().await;
-                if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
+                if let Ok(mut conn) = PgConnection::connect(&admin).await {
                     let _ = conn
                         .execute(sqlx::AssertSqlSafe(format!(
                             r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
@@ -123,10 +135,14 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(overrides: &[(&str, &str)]) -> TestApp {
+    spawn_app_on(TestDb::new().await, overrides).await
+}
+
+/// Starts orderd on a database the test prepared.
+pub async fn spawn_app_on(db: TestDb, overrides: &[(&str, &str)]) -> TestApp {
     if std::env::var_os("TEST_LOG").is_some() {
         orderd::telemetry::init(false);
     }
-    let db = TestDb::new().await;
     let config = settings(&db, overrides);
     let pool = orderd::db::connect(db.url.as_str(), config.db_pool_size)
         .await

@@ -6,6 +6,7 @@ mod helpers;
 mod auth;
 mod cli;
 mod concurrency;
+mod crash;
 mod idempotency;
 mod indexes;
 mod openapi;
