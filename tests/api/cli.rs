@@ -193,3 +193,29 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_repeatable_and_purge_reports_what_it_deleted() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, response_status,
+                                         response_body, created_at, completed_at, expires_at)
+         SELECT gen_random_uuid(), 'POST /v1/orders', 'expired-key-' || g, sha256(g::text::bytea), 'COMPLETED',
+                201, '\\x7b7d'::bytea, now(), now(), now() - interval '1 minute'
+         FROM generate_series(1, 3) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let run = |command: &'static str| {
+        let url = db.url.clone();
+        tokio::task::spawn_blocking(move || Command::new(BIN).arg(command).env("DATABASE_URL", url).output().unwrap())
+    };
+    let migrated = run("migrate").await.unwrap();
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    let purged = run("purge").await.unwrap();
+    assert!(purged.status.success(), "{}", String::from_utf8_lossy(&purged.stderr));
+    assert_eq!(String::from_utf8_lossy(&purged.stdout).trim(), "purged 3 expired keys and 0 abandoned claims");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_record").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(left, 0);
+}
