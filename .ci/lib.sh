@@ -69,3 +69,38 @@ ensure_postgres() {
     export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
     answers "$DATABASE_URL" || { log "PostgreSQL did not come up; see $dir/server.log"; return 1; }
 }
+
+# Makes moto's server available (pip, into a project venv when it is not installed)
+# and running on 127.0.0.1:$1; exports ORDERD_MOTO_ENDPOINT and MOTO_PID (empty when an
+# already running server was reused).
+ensure_moto() {
+    local port="$1" moto
+    moto="$(command -v moto_server || true)"
+    if [ -z "$moto" ]; then
+        local venv="$ORDERD_ROOT/target/moto-venv"
+        if [ ! -x "$venv/bin/moto_server" ]; then
+            python3 -m venv "$venv" >/dev/null 2>&1 || { apt_install python3-venv python3-pip; python3 -m venv "$venv"; }
+            log "installing moto[server] into $venv"
+            "$venv/bin/pip" install --quiet 'moto[server]'
+        fi
+        moto="$venv/bin/moto_server"
+    fi
+    MOTO_PID=""
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        mkdir -p "$ORDERD_ROOT/target"
+        "$moto" -H 127.0.0.1 -p "$port" >"$ORDERD_ROOT/target/moto-$port.log" 2>&1 &
+        MOTO_PID=$!
+        local i
+        for i in $(seq 1 100); do
+            (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+            sleep 0.1
+        done
+    fi
+    export ORDERD_MOTO_ENDPOINT="http://127.0.0.1:$port"
+    # The tests start extra moto servers themselves: make sure they find the binary.
+    export PATH="$(dirname "$moto"):$PATH"
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}

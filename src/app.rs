@@ -17,7 +17,8 @@ use crate::{
     auth::Verifier,
     config::{Config, bind_address},
     idempotency::Guard,
-    maintenance,
+    maintenance::{self, Jobs},
+    outbox::{publisher::Publisher, relay::Relay, sns::SnsPublisher},
 };
 
 /// How long shutdown waits for in-flight requests before closing connections.
@@ -58,6 +59,14 @@ fn spec_only_state() -> AppState {
     }
 }
 
+/// The SNS publisher configured by `ORDERD_SNS_TOPIC_ARN` and the AWS SDK's chain.
+pub async fn sns_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
+    let topic = config.outbox.topic_arn()?.to_string();
+    Ok(Arc::new(
+        SnsPublisher::from_env(topic, config.outbox.publish_timeout).await,
+    ))
+}
+
 /// A bound, not yet running server.
 pub struct Application {
     acceptor: TcpAcceptor,
@@ -65,11 +74,28 @@ pub struct Application {
     pool: PgPool,
     config: Config,
     verifier: Arc<Verifier>,
+    /// Where the in-process relay publishes; `None` when `ORDERD_RELAY=off`.
+    publisher: Option<Arc<dyn Publisher>>,
 }
 
 impl Application {
-    /// Binds the listener (so the address is known before serving) and checks the keys.
+    /// Binds the listener (so the address is known before serving), checks the keys and,
+    /// unless the relay is off, builds the SNS publisher.
     pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
+        let publisher = match config.outbox.relay_enabled {
+            true => Some(sns_publisher(&config).await?),
+            false => None,
+        };
+        Self::build_with_publisher(config, pool, publisher).await
+    }
+
+    /// As [`Self::build`], with the relay's publisher given (tests point it at their
+    /// own SNS endpoint).
+    pub async fn build_with_publisher(
+        config: Config,
+        pool: PgPool,
+        publisher: Option<Arc<dyn Publisher>>,
+    ) -> anyhow::Result<Self> {
         let verifier = Arc::new(Verifier::new(&config.jwt)?);
         let bind = bind_address(&config.bind);
         let acceptor = TcpListener::bind(bind.clone())
@@ -87,6 +113,7 @@ impl Application {
             pool,
             config,
             verifier,
+            publisher,
         })
     }
 
@@ -102,9 +129,18 @@ impl Application {
             guard: Guard::new(self.pool.clone(), self.config.idempotency.clone()),
         };
         let (stop_workers, workers_stopped) = watch::channel(false);
+        let relay = self.publisher.clone().map(|publisher| {
+            let relay = Relay::new(self.pool.clone(), publisher, self.config.outbox.clone());
+            tokio::spawn(relay.run(workers_stopped.clone()))
+        });
+        let jobs = Jobs {
+            idempotency: true,
+            outbox_retention: relay.is_some().then_some(self.config.outbox.retention),
+        };
         let purge = tokio::spawn(maintenance::run_periodic(
             self.pool.clone(),
             self.config.purge_interval,
+            jobs,
             workers_stopped,
         ));
         tracing::info!(address = %self.address, "orderd listening");
@@ -113,6 +149,9 @@ impl Application {
             .await;
         let _ = stop_workers.send(true);
         let _ = purge.await;
+        if let Some(relay) = relay {
+            let _ = relay.await;
+        }
         tracing::info!("orderd stopped");
         served.context("HTTP server failed")
     }
@@ -133,4 +172,32 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = interrupt.await;
     tracing::info!("shutdown requested; finishing in-flight requests");
+}
+
+/// `orderd relay`: the outbox relay and the outbox purge alone, until `shutdown`.
+pub async fn run_relay(
+    config: Config,
+    pool: PgPool,
+    publisher: Arc<dyn Publisher>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let (stop, stopped) = watch::channel(false);
+    let relay = tokio::spawn(
+        Relay::new(pool.clone(), publisher, config.outbox.clone()).run(stopped.clone()),
+    );
+    let jobs = Jobs {
+        idempotency: false,
+        outbox_retention: Some(config.outbox.retention),
+    };
+    let purge = tokio::spawn(maintenance::run_periodic(
+        pool,
+        config.purge_interval,
+        jobs,
+        stopped,
+    ));
+    shutdown.await;
+    let _ = stop.send(true);
+    let _ = purge.await;
+    relay.await.context("relay task failed")?;
+    Ok(())
 }

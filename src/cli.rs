@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// HTTP API plus background jobs; applies pending migrations first unless ORDERD_MIGRATE=false.
     Serve,
+    /// The outbox relay alone (scale it apart from the API).
+    Relay,
     /// Apply pending migrations and exit.
     Migrate,
     /// Run one pass of the idempotency retention purge and exit.
@@ -44,6 +46,30 @@ pub enum Command {
         #[arg(long)]
         yaml: bool,
     },
+    /// Operate the outbox.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Put DEAD events back in line for publishing.
+    Redrive {
+        /// One event, by its event_id.
+        #[arg(
+            long,
+            conflicts_with = "all_dead",
+            required_unless_present = "all_dead"
+        )]
+        id: Option<Uuid>,
+        /// Every DEAD event.
+        #[arg(long)]
+        all_dead: bool,
+    },
+    /// Print pending count, oldest pending age and dead count.
+    Stats,
 }
 
 /// Parses `<number><s|m|h|d>` (a bare number is seconds).

@@ -103,6 +103,22 @@ pub struct OutboxConfig {
     pub max_attempts: u32,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Bound on one SNS call (`ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS`).
+    pub publish_timeout: Duration,
+    /// How long published rows are kept before the purge deletes them
+    /// (`ORDERD_OUTBOX_RETENTION_SECS`).
+    pub retention: Duration,
+}
+
+impl OutboxConfig {
+    /// The topic, which a running relay cannot do without.
+    pub fn topic_arn(&self) -> Result<&str, ConfigError> {
+        self.sns_topic_arn.as_deref().ok_or_else(|| {
+            ConfigError::new(
+                "ORDERD_SNS_TOPIC_ARN is required to run the relay (or set ORDERD_RELAY=off)",
+            )
+        })
+    }
 }
 
 impl Default for OutboxConfig {
@@ -115,6 +131,8 @@ impl Default for OutboxConfig {
             max_attempts: 10,
             backoff_initial: Duration::from_millis(2000),
             backoff_max: Duration::from_millis(60_000),
+            publish_timeout: Duration::from_millis(10_000),
+            retention: Duration::from_secs(86_400),
         }
     }
 }
@@ -200,6 +218,16 @@ impl Config {
                 backoff_max: Duration::from_millis(env.number(
                     "ORDERD_OUTBOX_BACKOFF_MAX_MS",
                     60_000,
+                    1,
+                )?),
+                publish_timeout: Duration::from_millis(env.number(
+                    "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS",
+                    10_000,
+                    100,
+                )?),
+                retention: Duration::from_secs(env.number(
+                    "ORDERD_OUTBOX_RETENTION_SECS",
+                    86_400,
                     1,
                 )?),
             },

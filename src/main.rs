@@ -6,9 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use orderd::{
     app, auth,
-    cli::{Cli, Command},
+    cli::{Cli, Command, OutboxCommand},
     config::{Config, JwtConfig},
-    db, maintenance, telemetry,
+    db, maintenance, outbox, telemetry,
 };
 
 fn main() -> ExitCode {
@@ -36,6 +36,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve => {
             let config = Config::from_env()?;
+            if config.outbox.relay_enabled {
+                config.outbox.topic_arn()?;
+            }
             telemetry::init(config.log_json);
             let pool = db::connect(config.database_url.expose(), config.db_pool_size)
                 .await
@@ -45,6 +48,35 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             let application = app::Application::build(config, pool).await?;
             application.run_until(app::shutdown_signal()).await
+        }
+        Command::Relay => {
+            let config = Config::from_env()?;
+            config.outbox.topic_arn()?;
+            telemetry::init(config.log_json);
+            let pool = connect(&config, config.db_pool_size).await?;
+            let publisher = app::sns_publisher(&config).await?;
+            app::run_relay(config, pool, publisher, app::shutdown_signal()).await
+        }
+        Command::Outbox { command } => {
+            let config = Config::from_env()?;
+            telemetry::init(config.log_json);
+            let pool = connect(&config, 2).await?;
+            match command {
+                OutboxCommand::Redrive { id, .. } => {
+                    let n = outbox::store::redrive(&pool, id).await?;
+                    println!("re-drove {n} dead events");
+                }
+                OutboxCommand::Stats => {
+                    let stats = outbox::store::stats(&pool).await?;
+                    println!("pending {}", stats.pending);
+                    println!(
+                        "oldest_pending_age_seconds {:.3}",
+                        stats.oldest_pending_age_secs
+                    );
+                    println!("dead {}", stats.dead);
+                }
+            }
+            Ok(())
         }
         Command::Migrate => {
             let config = Config::from_env()?;
@@ -96,4 +128,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn connect(config: &Config, size: u32) -> anyhow::Result<sqlx::PgPool> {
+    db::connect(config.database_url.expose(), size)
+        .await
+        .context("cannot connect to the database (DATABASE_URL)")
 }

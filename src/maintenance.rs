@@ -1,4 +1,5 @@
-//! Retention purge of the idempotency table, off the request path.
+//! Retention purges, off the request path: expired idempotency keys, abandoned claims,
+//! and (where a relay runs) long-published outbox rows.
 //!
 //! Deletes in bounded batches (each its own short transaction with SKIP LOCKED), so
 //! the purge never holds many locks, never bloats one transaction's WAL, and several
@@ -9,7 +10,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::idempotency::store;
+use crate::{idempotency::store, outbox};
 
 /// Rows deleted per statement.
 pub const PURGE_BATCH: i64 = 1000;
@@ -44,12 +45,53 @@ pub async fn purge_once(pool: &PgPool, batch: i64) -> sqlx::Result<PurgeReport> 
     Ok(report)
 }
 
-/// Runs [`purge_once`] every `interval` until `shutdown` flips to true.
-pub async fn run_periodic(pool: PgPool, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+/// Deletes outbox rows published more than `retention` ago, in batches; never touches
+/// pending or DEAD rows. Returns how many went.
+pub async fn purge_outbox_once(
+    pool: &PgPool,
+    retention: Duration,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = outbox::store::purge_published(pool, retention.as_secs() as i64, batch).await?;
+        total += n;
+        if (n as i64) < batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// Which purges a process runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Jobs {
+    /// Idempotency keys and abandoned claims (`serve`).
+    pub idempotency: bool,
+    /// Published outbox rows older than this (wherever a relay runs).
+    pub outbox_retention: Option<Duration>,
+}
+
+/// Runs the purges in `jobs` every `interval` until `shutdown` flips to true.
+pub async fn run_periodic(
+    pool: PgPool,
+    interval: Duration,
+    jobs: Jobs,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.changed() => return,
+        }
+        if let Some(retention) = jobs.outbox_retention {
+            match purge_outbox_once(&pool, retention, PURGE_BATCH).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "purged published outbox events"),
+                Err(e) => tracing::warn!(error = %e, "outbox purge failed; will retry"),
+            }
+        }
+        if !jobs.idempotency {
+            continue;
         }
         match purge_once(&pool, PURGE_BATCH).await {
             Ok(report) if report != PurgeReport::default() => {

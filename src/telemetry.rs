@@ -30,3 +30,13 @@ pub fn init(json: bool) {
 pub fn record_idempotency_outcome(endpoint: &'static str, outcome: Outcome) {
     tracing::debug!(endpoint, outcome = outcome.as_str(), "idempotency outcome");
 }
+
+/// An event SNS acknowledged, `lag_secs` after its change committed.
+pub fn record_published(event_type: &str, lag_secs: f64) {
+    tracing::debug!(event_type, lag_secs, "event published");
+}
+
+/// A failed publish, by error class.
+pub fn record_publish_failure(reason: &'static str) {
+    tracing::debug!(reason, "publish failed");
+}

@@ -1,6 +1,14 @@
 //! The transactional outbox: events are appended inside the business transaction
-//! ([`writer`]) and published to SNS afterwards by the relay.
+//! ([`writer`]) and published to SNS afterwards by the [`relay`].
+//!
+//! The relay knows nothing about HTTP or orders: it moves rows of `outbox_event` to a
+//! [`publisher::Publisher`] and records what happened.
 
+pub mod backoff;
+pub mod publisher;
+pub mod relay;
+pub mod sns;
+pub mod store;
 pub mod writer;
 
 use serde::Serialize;

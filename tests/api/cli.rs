@@ -95,6 +95,7 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
             .env("DATABASE_URL", &db.url)
             .env("ORDERD_BIND", "127.0.0.1:0")
             .env("ORDERD_JWT_HS256_SECRET", SECRET)
+            .env("ORDERD_RELAY", "off")
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
@@ -209,13 +210,33 @@ async fn migrate_is_repeatable_and_purge_reports_what_it_deleted() {
     .unwrap();
     let run = |command: &'static str| {
         let url = db.url.clone();
-        tokio::task::spawn_blocking(move || Command::new(BIN).arg(command).env("DATABASE_URL", url).output().unwrap())
+        tokio::task::spawn_blocking(move || {
+            Command::new(BIN)
+                .arg(command)
+                .env("DATABASE_URL", url)
+                .output()
+                .unwrap()
+        })
     };
     let migrated = run("migrate").await.unwrap();
-    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
     let purged = run("purge").await.unwrap();
-    assert!(purged.status.success(), "{}", String::from_utf8_lossy(&purged.stderr));
-    assert_eq!(String::from_utf8_lossy(&purged.stdout).trim(), "purged 3 expired keys and 0 abandoned claims");
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_record").fetch_one(&db.pool).await.unwrap();
+    assert!(
+        purged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&purged.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&purged.stdout).trim(),
+        "purged 3 expired keys and 0 abandoned claims"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_record")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(left, 0);
 }

@@ -123,6 +123,9 @@ pub fn settings(db: &TestDb, overrides: &[(&str, &str)]) -> Config {
         ("DATABASE_URL".into(), db.url.clone()),
         ("ORDERD_BIND".into(), "127.0.0.1:0".into()),
         ("ORDERD_JWT_HS256_SECRET".into(), SECRET.into()),
+        // Tests that publish turn the relay on with their own topic.
+        ("ORDERD_RELAY".into(), "off".into()),
+        ("ORDERD_OUTBOX_POLL_MS".into(), "200".into()),
     ]);
     for (k, v) in overrides {
         vars.insert(k.to_string(), v.to_string());
@@ -140,6 +143,29 @@ pub async fn spawn_app_with(overrides: &[(&str, &str)]) -> TestApp {
 
 /// Starts orderd on a database the test prepared.
 pub async fn spawn_app_on(db: TestDb, overrides: &[(&str, &str)]) -> TestApp {
+    start(db, overrides, None).await
+}
+
+/// Starts orderd with its in-process relay publishing to `topic_arn` through the SNS
+/// endpoint at `endpoint` (moto, or a proxy in front of it).
+pub async fn spawn_publishing_app(
+    endpoint: &str,
+    topic_arn: &str,
+    overrides: &[(&str, &str)],
+) -> TestApp {
+    let mut all = vec![("ORDERD_RELAY", "on"), ("ORDERD_SNS_TOPIC_ARN", topic_arn)];
+    all.extend_from_slice(overrides);
+    let db = TestDb::new().await;
+    let config = settings(&db, &all);
+    let publisher = crate::sns::publisher(endpoint, topic_arn, &config).await;
+    start(db, &all, Some(publisher)).await
+}
+
+async fn start(
+    db: TestDb,
+    overrides: &[(&str, &str)],
+    publisher: Option<std::sync::Arc<dyn orderd::outbox::publisher::Publisher>>,
+) -> TestApp {
     if std::env::var_os("TEST_LOG").is_some() {
         orderd::telemetry::init(false);
     }
@@ -147,7 +173,9 @@ pub async fn spawn_app_on(db: TestDb, overrides: &[(&str, &str)]) -> TestApp {
     let pool = orderd::db::connect(db.url.as_str(), config.db_pool_size)
         .await
         .expect("app pool");
-    let app = Application::build(config, pool).await.expect("app builds");
+    let app = Application::build_with_publisher(config, pool, publisher)
+        .await
+        .expect("app builds");
     let address = app.address();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {

@@ -11,5 +11,8 @@ mod idempotency;
 mod indexes;
 mod openapi;
 mod orders;
+mod outbox;
+mod proxy;
 mod purge;
+mod sns;
 mod validation;

@@ -1,0 +1,228 @@
+//! The relay: claims due outbox rows, publishes them, records the outcome.
+//!
+//! Any number of relays may run against one database (inside `orderd serve`, or alone
+//! as `orderd relay`): claims use `SKIP LOCKED` and a lease, and an order's next event
+//! becomes claimable only once the previous one is published, so per-order order holds
+//! across relays. Delivery is at least once: a relay that dies after SNS acknowledged a
+//! batch but before marking it lets the lease run out, and the batch is published again
+//! with the same `event_id`s.
+
+use std::{sync::Arc, time::Duration};
+
+use sqlx::{PgPool, postgres::PgListener};
+use tokio::sync::{Notify, watch};
+
+use super::{
+    backoff::Backoff,
+    publisher::{Message, Publisher, Retry},
+    store::{self, Failure, PendingEvent},
+};
+use crate::{config::OutboxConfig, telemetry};
+
+/// The NOTIFY channel the `outbox_event` insert trigger signals.
+pub const CHANNEL: &str = "outbox_event";
+
+/// What one round did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    pub claimed: usize,
+    pub published: usize,
+    pub failed: usize,
+    pub dead: usize,
+}
+
+pub struct Relay {
+    pool: PgPool,
+    publisher: Arc<dyn Publisher>,
+    config: OutboxConfig,
+    backoff: Backoff,
+    /// Signalled by the LISTEN task on every notification; permits coalesce, so a burst
+    /// of commits wakes the loop once.
+    wake: Arc<Notify>,
+    /// Whether to LISTEN at all (off: poll only; the benchmark compares both).
+    listen: bool,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, publisher: Arc<dyn Publisher>, config: OutboxConfig) -> Self {
+        let backoff = Backoff {
+            initial: config.backoff_initial,
+            max: config.backoff_max,
+        };
+        Self {
+            pool,
+            publisher,
+            config,
+            backoff,
+            wake: Arc::new(Notify::new()),
+            listen: true,
+        }
+    }
+
+    /// Poll only, without LISTEN (for comparison in benchmarks).
+    pub fn without_listen(mut self) -> Self {
+        self.listen = false;
+        self
+    }
+
+    /// How long a claimed row stays invisible to other relays: the publish timeout plus
+    /// half again and a second, room to record the outcome. A relay that dies holding
+    /// rows delays them this long; one that outlives it only causes a duplicate, which
+    /// consumers drop by `event_id`.
+    fn claim_lease(&self) -> Duration {
+        self.config.publish_timeout * 3 / 2 + Duration::from_secs(1)
+    }
+
+    /// Runs until `shutdown` flips to true, then returns after finishing the round in
+    /// progress (a round's rows are either marked or, if the process dies, re-published
+    /// once their lease runs out).
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let listener = self.listen.then(|| {
+            tokio::spawn(listen(
+                self.pool.clone(),
+                self.wake.clone(),
+                shutdown.clone(),
+            ))
+        });
+        tracing::info!(
+            batch = self.config.batch_size,
+            listen = self.listen,
+            "outbox relay started"
+        );
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            match self.round().await {
+                // A full batch means more may be due right now.
+                Ok(round) if round.claimed as u32 >= self.config.batch_size => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox round failed; retrying after the poll interval")
+                }
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.config.poll) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        tracing::info!("outbox relay stopped");
+    }
+
+    /// Claims one batch, publishes it and records every outcome.
+    pub async fn round(&self) -> sqlx::Result<Round> {
+        let lease_ms = self.claim_lease().as_millis() as i64;
+        let batch = store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms).await?;
+        if batch.is_empty() {
+            return Ok(Round::default());
+        }
+        let messages: Vec<Message> = batch.iter().map(to_message).collect();
+        let started = std::time::Instant::now();
+        let outcomes = self.publisher.publish(&messages).await;
+        tracing::debug!(
+            claimed = batch.len(),
+            publish_ms = started.elapsed().as_millis() as u64,
+            "outbox round published"
+        );
+
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        for (event, outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    telemetry::record_published(&event.event_type, event.age_secs);
+                    published.push((event.tenant_id, event.event_id));
+                }
+                Err(error) => {
+                    telemetry::record_publish_failure(error.reason);
+                    let attempts = event.attempts + 1;
+                    let dead = error.retry == Retry::Permanent
+                        || attempts as u32 >= self.config.max_attempts;
+                    if dead {
+                        tracing::error!(event_id = %event.event_id, attempts, reason = error.reason, error = %error.detail, "outbox event is DEAD");
+                    } else {
+                        tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason, error = %error.detail, "publish failed; will retry");
+                    }
+                    failures.push(Failure {
+                        tenant_id: event.tenant_id,
+                        event_id: event.event_id,
+                        attempts,
+                        dead,
+                        retry_in_ms: self.backoff.next(attempts as u32).as_millis() as i64,
+                        error: format!("{}: {}", error.reason, error.detail),
+                    });
+                }
+            }
+        }
+        // Mark published rows first: the sooner they are marked, the sooner the next
+        // event of each order may go.
+        store::mark_published(&self.pool, &published).await?;
+        store::mark_failed(&self.pool, &failures).await?;
+        Ok(Round {
+            claimed: batch.len(),
+            published: published.len(),
+            failed: failures.len(),
+            dead: failures.iter().filter(|f| f.dead).count(),
+        })
+    }
+}
+
+fn to_message(event: &PendingEvent) -> Message {
+    Message {
+        event_id: event.event_id,
+        event_type: event.event_type.clone(),
+        tenant_id: event.tenant_id,
+        aggregate_id: event.aggregate_id,
+        body: event.payload.clone(),
+    }
+}
+
+/// Keeps a LISTEN connection and turns notifications into wake-ups. When the
+/// connection drops, the relay keeps polling while this reconnects with a backoff.
+async fn listen(pool: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connected.await {
+            Ok(mut listener) => {
+                pause = Duration::from_millis(100);
+                // Anything committed while we were not listening is found by this wake-up.
+                wake.notify_one();
+                loop {
+                    tokio::select! {
+                        received = listener.try_recv() => match received {
+                            Ok(Some(_)) => wake.notify_one(),
+                            // The connection was lost (sqlx reconnects on the next call);
+                            // notifications in between may be lost, so look now.
+                            Ok(None) => {
+                                tracing::warn!("outbox listener connection lost; reconnecting");
+                                wake.notify_one();
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "outbox listener failed; polling until it reconnects");
+                                break;
+                            }
+                        },
+                        _ = shutdown.changed() => return,
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for outbox events; polling meanwhile")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => return,
+        }
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,303 @@
+//! The production [`Publisher`]: AWS SNS `PublishBatch` through aws-sdk-sns.
+//!
+//! Configuration comes from the SDK's own chain (`AWS_REGION`, `AWS_ENDPOINT_URL`,
+//! credentials ...), untouched, so pointing orderd at a local SNS is one variable.
+
+use std::{collections::HashMap, future::Future, pin::Pin, time::Duration};
+
+use aws_sdk_sns::{
+    Client,
+    error::{ProvideErrorMetadata, SdkError},
+    types::{MessageAttributeValue, PublishBatchRequestEntry},
+};
+
+use super::publisher::{Message, Outcomes, PublishError, Publisher, Retry, classify};
+
+/// SNS accepts at most 10 entries per `PublishBatch` ...
+pub const MAX_BATCH_ENTRIES: usize = 10;
+/// ... and at most 256 KiB for all of them together (bodies and attributes).
+pub const MAX_BATCH_BYTES: usize = 262_144;
+
+pub struct SnsPublisher {
+    client: Client,
+    topic_arn: String,
+    /// A `.fifo` topic needs a message group and a deduplication id per message.
+    fifo: bool,
+    /// Bound on one `PublishBatch` call, retries included; the row's claim lease is
+    /// longer, so a slow call can never let another relay publish the same row meanwhile.
+    timeout: Duration,
+}
+
+impl SnsPublisher {
+    /// Builds the client from the SDK's standard configuration chain.
+    pub async fn from_env(topic_arn: String, timeout: Duration) -> Self {
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .operation_timeout(timeout)
+                    .connect_timeout(Duration::from_secs(2).min(timeout))
+                    .build(),
+            )
+            .load()
+            .await;
+        Self::new(Client::new(&config), topic_arn, timeout)
+    }
+
+    pub fn new(client: Client, topic_arn: String, timeout: Duration) -> Self {
+        let fifo = topic_arn.ends_with(".fifo");
+        Self {
+            client,
+            topic_arn,
+            fifo,
+            timeout,
+        }
+    }
+
+    fn entry(&self, id: usize, message: &Message) -> PublishBatchRequestEntry {
+        let attribute = |value: String| {
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(value)
+                .build()
+                .expect("data_type is set")
+        };
+        let attributes: HashMap<String, MessageAttributeValue> = [
+            ("event_id", message.event_id.to_string()),
+            ("event_type", message.event_type.clone()),
+            ("tenant_id", message.tenant_id.to_string()),
+            ("aggregate_id", message.aggregate_id.to_string()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), attribute(value)))
+        .collect();
+        let mut entry = PublishBatchRequestEntry::builder()
+            .id(id.to_string())
+            .message(message.body.clone())
+            .set_message_attributes(Some(attributes));
+        if self.fifo {
+            entry = entry
+                .message_group_id(message.aggregate_id.to_string())
+                .message_deduplication_id(message.event_id.to_string());
+        }
+        entry.build().expect("id and message are set")
+    }
+
+    /// Sends one batch; the answer has one outcome per message of `chunk`.
+    async fn send(&self, chunk: &[Message]) -> Outcomes {
+        let entries: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| self.entry(i, m))
+            .collect();
+        let call = self
+            .client
+            .publish_batch()
+            .topic_arn(&self.topic_arn)
+            .set_publish_batch_request_entries(Some(entries))
+            .send();
+        let output = match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => return vec![Err(timeout_error(self.timeout)); chunk.len()],
+            Ok(Err(e)) => return vec![Err(sdk_error(&e)); chunk.len()],
+            Ok(Ok(output)) => output,
+        };
+        let mut outcomes: Vec<Option<Result<(), PublishError>>> = vec![None; chunk.len()];
+        for ok in output.successful() {
+            if let Some(slot) = ok
+                .id()
+                .and_then(|id| id.parse::<usize>().ok())
+                .and_then(|i| outcomes.get_mut(i))
+            {
+                *slot = Some(Ok(()));
+            }
+        }
+        for failed in output.failed() {
+            if let Some(slot) = failed
+                .id()
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| outcomes.get_mut(i))
+            {
+                let (retry, reason) = classify(failed.code(), failed.sender_fault());
+                *slot = Some(Err(PublishError {
+                    retry,
+                    reason,
+                    detail: format!(
+                        "{}: {}",
+                        failed.code(),
+                        failed.message().unwrap_or_default()
+                    ),
+                }));
+            }
+        }
+        // An entry SNS said nothing about was not acknowledged: try it again later.
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(PublishError {
+                        retry: Retry::Transient,
+                        reason: "other_server",
+                        detail: "no result for this entry in the PublishBatch response".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+}
+
+impl Publisher for SnsPublisher {
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [Message],
+    ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>> {
+        Box::pin(async move {
+            // Each order has at most one event in a round, so chunks may go in parallel
+            // without reordering any order's events.
+            let chunks = chunk_for_sns(messages);
+            let sent = futures::future::join_all(
+                chunks
+                    .iter()
+                    .map(|range| self.send(&messages[range.clone()])),
+            )
+            .await;
+            sent.into_iter().flatten().collect()
+        })
+    }
+}
+
+/// Splits messages into consecutive `PublishBatch` calls of at most 10 entries and
+/// 256 KiB. An entry too large on its own gets a call of its own, for SNS to refuse.
+pub fn chunk_for_sns(messages: &[Message]) -> Vec<std::ops::Range<usize>> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, message) in messages.iter().enumerate() {
+        let size = entry_size(message);
+        let full = i - start == MAX_BATCH_ENTRIES || (i > start && bytes + size > MAX_BATCH_BYTES);
+        if full {
+            chunks.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < messages.len() {
+        chunks.push(start..messages.len());
+    }
+    chunks
+}
+
+/// What SNS counts towards the size limit: the body and every attribute's name, type
+/// and value.
+fn entry_size(message: &Message) -> usize {
+    const ATTRIBUTES: usize = "event_id".len()
+        + "event_type".len()
+        + "tenant_id".len()
+        + "aggregate_id".len()
+        + 4 * "String".len()
+        + 3 * 36;
+    message.body.len() + ATTRIBUTES + message.event_type.len()
+}
+
+fn timeout_error(timeout: Duration) -> PublishError {
+    PublishError {
+        retry: Retry::Transient,
+        reason: "timeout",
+        detail: format!("no answer from SNS within {timeout:?}"),
+    }
+}
+
+/// Classifies a failed call (the whole batch failed alike).
+fn sdk_error<E>(err: &SdkError<E, aws_sdk_sns::config::http::HttpResponse>) -> PublishError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let detail = error_chain(err);
+    match err {
+        SdkError::TimeoutError(_) => PublishError {
+            retry: Retry::Transient,
+            reason: "timeout",
+            detail,
+        },
+        SdkError::DispatchFailure(_) => PublishError {
+            retry: Retry::Transient,
+            reason: "network",
+            detail,
+        },
+        SdkError::ResponseError(_) => PublishError {
+            retry: Retry::Transient,
+            reason: "server",
+            detail,
+        },
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or("Unknown");
+            // SNS answers the sender's mistakes with 4xx, its own trouble with 5xx.
+            let sender_fault = service.raw().status().is_client_error();
+            let (retry, reason) = classify(code, sender_fault);
+            PublishError {
+                retry,
+                reason,
+                detail,
+            }
+        }
+        // Could not even build the request: a bug or bad configuration, not SNS's state.
+        _ => PublishError {
+            retry: Retry::Permanent,
+            reason: "other_client",
+            detail,
+        },
+    }
+}
+
+/// The error and its sources on one line.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn message(body_len: usize) -> Message {
+        Message {
+            event_id: Uuid::new_v4(),
+            event_type: "OrderCreated".into(),
+            tenant_id: Uuid::new_v4(),
+            aggregate_id: Uuid::new_v4(),
+            body: "x".repeat(body_len),
+        }
+    }
+
+    #[test]
+    fn batches_hold_at_most_ten_entries() {
+        let messages: Vec<_> = (0..25).map(|_| message(100)).collect();
+        assert_eq!(chunk_for_sns(&messages), vec![0..10, 10..20, 20..25]);
+    }
+
+    #[test]
+    fn batches_stay_within_256_kib_in_total() {
+        let messages: Vec<_> = (0..6).map(|_| message(100_000)).collect();
+        let chunks = chunk_for_sns(&messages);
+        assert_eq!(chunks, vec![0..2, 2..4, 4..6]);
+        for chunk in chunks {
+            let total: usize = messages[chunk].iter().map(entry_size).sum();
+            assert!(total <= MAX_BATCH_BYTES);
+        }
+    }
+
+    #[test]
+    fn an_oversized_entry_goes_alone() {
+        let messages = vec![message(10), message(300_000), message(10)];
+        assert_eq!(chunk_for_sns(&messages), vec![0..1, 1..2, 2..3]);
+        assert!(chunk_for_sns(&[]).is_empty());
+    }
+}

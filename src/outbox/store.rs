@@ -1,0 +1,191 @@
+//! SQL of the `outbox_event` table as the relay and operators use it.
+//!
+//! A row is PENDING until SNS acknowledged it (then PUBLISHED) or it failed for good
+//! (then DEAD). Claiming does not hold a transaction open: it pushes the row's
+//! `next_attempt_at` forward by a claim lease, so a relay that dies mid-publish simply
+//! lets the row fall due again (at-least-once), and no connection sits idle in a
+//! transaction while SNS answers.
+
+use sqlx::{PgExecutor, PgPool};
+use uuid::Uuid;
+
+/// A claimed event, ready to publish.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PendingEvent {
+    pub tenant_id: Uuid,
+    pub event_id: Uuid,
+    pub aggregate_id: Uuid,
+    pub event_type: String,
+    /// The SNS message body.
+    pub payload: String,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    /// Seconds since the change committed (for the publish-lag histogram).
+    pub age_secs: f64,
+}
+
+/// Claims up to `batch` due events that are the oldest unpublished event of their
+/// order, and leases them for `lease_ms`.
+///
+/// Per-order ordering lives in the `NOT EXISTS`: an event waits while any earlier
+/// event of its order is not yet PUBLISHED (pending, in flight at another relay, or
+/// DEAD), so each order has at most one event in flight across all relays and
+/// consumers see an order's events in commit order. Other orders are unaffected.
+/// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
+pub async fn claim_due(
+    pool: &PgPool,
+    batch: i64,
+    lease_ms: i64,
+) -> sqlx::Result<Vec<PendingEvent>> {
+    sqlx::query_as(
+        "WITH due AS (
+             SELECT e.tenant_id, e.event_id
+             FROM outbox_event e
+             WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
+               AND NOT EXISTS (
+                   SELECT 1 FROM outbox_event earlier
+                   WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
+                     AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
+             ORDER BY e.next_attempt_at
+             LIMIT $1
+             FOR UPDATE OF e SKIP LOCKED)
+         UPDATE outbox_event o
+         SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
+         FROM due
+         WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
+         RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
+                   extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs",
+    )
+    .bind(batch)
+    .bind(lease_ms)
+    .fetch_all(pool)
+    .await
+}
+
+/// Marks events acknowledged by SNS.
+pub async fn mark_published(db: impl PgExecutor<'_>, events: &[(Uuid, Uuid)]) -> sqlx::Result<u64> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
+    let done = sqlx::query(
+        "UPDATE outbox_event o SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
+         FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
+         WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'",
+    )
+    .bind(tenants)
+    .bind(ids)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// One failed publish to record.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub tenant_id: Uuid,
+    pub event_id: Uuid,
+    /// Failed attempts including this one.
+    pub attempts: i32,
+    /// DEAD now (permanent error, or the attempt limit reached).
+    pub dead: bool,
+    /// Delay before the next attempt (ignored when dead).
+    pub retry_in_ms: i64,
+    pub error: String,
+}
+
+/// Records failed publishes: attempts, last error, next attempt time or DEAD.
+pub async fn mark_failed(db: impl PgExecutor<'_>, failures: &[Failure]) -> sqlx::Result<u64> {
+    if failures.is_empty() {
+        return Ok(0);
+    }
+    let tenants: Vec<Uuid> = failures.iter().map(|f| f.tenant_id).collect();
+    let ids: Vec<Uuid> = failures.iter().map(|f| f.event_id).collect();
+    let attempts: Vec<i32> = failures.iter().map(|f| f.attempts).collect();
+    let dead: Vec<bool> = failures.iter().map(|f| f.dead).collect();
+    let retry: Vec<i64> = failures.iter().map(|f| f.retry_in_ms).collect();
+    let errors: Vec<String> = failures
+        .iter()
+        .map(|f| f.error.chars().take(2000).collect())
+        .collect();
+    let done = sqlx::query(
+        "UPDATE outbox_event o
+         SET attempts = f.attempts,
+             status = CASE WHEN f.dead THEN 'DEAD' ELSE 'PENDING' END,
+             next_attempt_at = clock_timestamp() + f.retry_ms * interval '1 millisecond',
+             last_error = f.error
+         FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
+              AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
+         WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'",
+    )
+    .bind(tenants)
+    .bind(ids)
+    .bind(attempts)
+    .bind(dead)
+    .bind(retry)
+    .bind(errors)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// What an operator (and the gauges) want to know about the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Stats {
+    pub pending: i64,
+    /// Seconds since the oldest pending event committed; 0 when none is pending.
+    pub oldest_pending_age_secs: f64,
+    pub dead: i64,
+}
+
+/// Counts from the partial indexes only, so it stays cheap however many published rows
+/// the table holds.
+pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
+    let (pending, oldest, dead): (i64, Option<f64>, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_event WHERE status = 'PENDING'),
+                (SELECT extract(epoch FROM clock_timestamp() - min(occurred_at))::float8
+                   FROM outbox_event WHERE status = 'PENDING'),
+                (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Stats {
+        pending,
+        oldest_pending_age_secs: oldest.unwrap_or(0.0).max(0.0),
+        dead,
+    })
+}
+
+/// Puts DEAD events back in line (all of them, or one by `event_id`); returns how many.
+pub async fn redrive(db: impl PgExecutor<'_>, event_id: Option<Uuid>) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "UPDATE outbox_event SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+         WHERE status = 'DEAD' AND ($1::uuid IS NULL OR event_id = $1)",
+    )
+    .bind(event_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes up to `batch` events published more than `retention_secs` ago.
+pub async fn purge_published(
+    db: impl PgExecutor<'_>,
+    retention_secs: i64,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM outbox_event
+         WHERE (tenant_id, event_id) IN (
+             SELECT tenant_id, event_id FROM outbox_event
+             WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - $1 * interval '1 second'
+             ORDER BY published_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(retention_secs)
+    .bind(batch)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}

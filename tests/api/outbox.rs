@@ -1,0 +1,672 @@
+//! Contract section 6: every committed change reaches SNS (moto, through the real
+//! aws-sdk-sns client), in commit order per order, at least once, whatever SNS, the
+//! relay or the network do meanwhile. Messages are read back from an SQS queue
+//! subscribed to the topic.
+
+use std::{collections::HashMap, future::Future, pin::Pin, time::Duration};
+
+use orderd::outbox::publisher::{Message, Outcomes, Publisher};
+
+use serde_json::Value;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::{
+    helpers::{SECRET, TestApp, TestDb, new_key, order_body, settings, spawn_publishing_app},
+    proxy::{Mode, Proxy},
+    sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
+};
+
+/// Waits until `sql` (a count) returns `want`.
+async fn until_count(db: &TestDb, sql: &str, want: i64) {
+    let mut last = -1;
+    // Generous: moto publishes only about 100 messages a second.
+    for _ in 0..2400 {
+        last = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("`{sql}` stayed at {last}, wanted {want}");
+}
+
+async fn status_counts(db: &TestDb) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM outbox_event GROUP BY status")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Each order's event types in arrival order.
+fn by_order(messages: &[Received]) -> HashMap<String, Vec<String>> {
+    let mut orders: HashMap<String, Vec<String>> = HashMap::new();
+    for m in messages {
+        orders
+            .entry(m.body["order"]["id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(m.body["event_type"].as_str().unwrap().to_string());
+    }
+    orders
+}
+
+async fn create_and_cancel(app: &TestApp, token: &str) -> (Value, Value) {
+    let created = app.create(token, &new_key(), &order_body("PUB-1", 2)).await;
+    assert_eq!(created.status, 201);
+    let id = created.json()["id"].as_str().unwrap().to_string();
+    let cancelled = app.cancel(token, &new_key(), &id).await;
+    assert_eq!(cancelled.status, 200);
+    (created.json(), cancelled.json())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_then_cancelled_order_reaches_sns_as_two_events_in_order() {
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(&moto_endpoint(), &topic.arn, &[]).await;
+    let tenant = Uuid::new_v4();
+    let (created, cancelled) = create_and_cancel(&app, &app.token(tenant)).await;
+
+    let messages = topic.collect(2).await;
+    assert_eq!(messages.len(), 2);
+    let (first, second) = (&messages[0], &messages[1]);
+    assert_eq!(first.body["event_type"], "OrderCreated");
+    assert_eq!(second.body["event_type"], "OrderCancelled");
+    assert_eq!(first.body["order"], created);
+    assert_eq!(second.body["order"], cancelled);
+    for (message, order) in [(first, &created), (second, &cancelled)] {
+        assert_eq!(message.body["tenant_id"], tenant.to_string());
+        assert_eq!(message.body["occurred_at"], order["updated_at"]);
+        assert_eq!(
+            message.attribute("event_id"),
+            message.body["event_id"].as_str()
+        );
+        assert_eq!(
+            message.attribute("event_type"),
+            message.body["event_type"].as_str()
+        );
+        assert_eq!(
+            message.attribute("tenant_id"),
+            Some(tenant.to_string().as_str())
+        );
+        assert_eq!(message.attribute("aggregate_id"), order["id"].as_str());
+        let keys: Vec<&String> = message.body.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "event_id",
+                "event_type",
+                "occurred_at",
+                "order",
+                "tenant_id"
+            ]
+        );
+    }
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        2,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fifo_topic_messages_carry_group_and_deduplication_ids() {
+    let topic = Topic::create(true).await;
+    let app = spawn_publishing_app(&moto_endpoint(), &topic.arn, &[]).await;
+    let (created, _) = create_and_cancel(&app, &app.token(Uuid::new_v4())).await;
+
+    let messages = topic.collect(2).await;
+    assert_eq!(messages.len(), 2);
+    assert_eq!(
+        by_order(&messages)[created["id"].as_str().unwrap()],
+        ["OrderCreated", "OrderCancelled"]
+    );
+    for m in &messages {
+        assert_eq!(
+            m.system["MessageGroupId"].as_str(),
+            created["id"].as_str(),
+            "{:?}",
+            m.system
+        );
+        assert_eq!(
+            m.system["MessageDeduplicationId"].as_str(),
+            Some(m.event_id().as_str()),
+            "{:?}",
+            m.system
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one() {
+    let db = TestDb::new().await;
+    let tenant = orderd::auth::TenantId(Uuid::new_v4());
+    let new = orderd::orders::NewOrder {
+        sku: "ATOM-1".into(),
+        quantity: 1,
+        customer_ref: None,
+    };
+
+    let mut tx = db.pool.begin().await.unwrap();
+    orderd::orders::store::create(&mut tx, tenant, &new)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let counts: (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_event)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(counts, (0, 0));
+
+    for _ in 0..10 {
+        let mut tx = db.pool.begin().await.unwrap();
+        let order = orderd::orders::store::create(&mut tx, tenant, &new)
+            .await
+            .unwrap();
+        orderd::orders::store::cancel(&mut tx, tenant, order.id)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let unmatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders o
+         WHERE (SELECT count(*) FROM outbox_event e WHERE e.tenant_id = o.tenant_id AND e.aggregate_id = o.id) <> o.version",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unmatched, 0, "every committed change has exactly one event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sns_down_writes_still_succeed_and_the_backlog_drains_in_order_when_it_returns() {
+    let topic = Topic::create(false).await;
+    let proxy = Proxy::start(moto_address()).await;
+    let app = spawn_publishing_app(
+        &proxy.endpoint(),
+        &topic.arn,
+        &[
+            ("ORDERD_OUTBOX_BACKOFF_INITIAL_MS", "100"),
+            ("ORDERD_OUTBOX_BACKOFF_MAX_MS", "400"),
+            ("ORDERD_OUTBOX_MAX_ATTEMPTS", "1000"),
+        ],
+    )
+    .await;
+    let token = app.token(Uuid::new_v4());
+    proxy.set(Mode::Refuse);
+
+    let started = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let (created, _) = create_and_cancel(&app, &token).await;
+        ids.push(created["id"].as_str().unwrap().to_string());
+    }
+    println!("20 writes with SNS down took {:?}", started.elapsed());
+    // Rows wait, with growing attempts and a next attempt in the future.
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PENDING' AND attempts >= 2",
+        10,
+    )
+    .await;
+    // Each order's OrderCreated is retried with backoff; its OrderCancelled waits behind
+    // it untouched, so per-order order survives the outage.
+    let (pending, retried, waiting): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE attempts >= 2 AND event_type = 'OrderCreated'),
+                count(*) FILTER (WHERE attempts = 0 AND event_type = 'OrderCancelled')
+         FROM outbox_event WHERE status = 'PENDING'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((pending, retried, waiting), (20, 10, 10));
+    let error: String =
+        sqlx::query_scalar("SELECT last_error FROM outbox_event WHERE attempts > 0 LIMIT 1")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert!(
+        error.starts_with("network") || error.starts_with("timeout") || error.starts_with("server"),
+        "{error}"
+    );
+    assert!(
+        topic.drain().await.is_empty(),
+        "nothing got through while SNS was down"
+    );
+
+    proxy.set(Mode::Forward);
+    let messages = topic.collect(20).await;
+    assert_eq!(messages.len(), 20);
+    let orders = by_order(&messages);
+    for id in &ids {
+        assert_eq!(orders[id], ["OrderCreated", "OrderCancelled"], "order {id}");
+    }
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        20,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_between_publishing_and_marking_redelivers_with_the_same_event_id() {
+    let topic = Topic::create(false).await;
+    let proxy = Proxy::start(moto_address()).await;
+    let app = crate::helpers::spawn_app().await;
+    let (created, cancelled) = create_and_cancel(&app, &app.token(Uuid::new_v4())).await;
+    proxy.set(Mode::HoldResponses);
+
+    let relay_env = |endpoint: String| {
+        let mut env = aws_env(&endpoint);
+        env.extend([
+            ("DATABASE_URL", app.db.url.clone()),
+            ("ORDERD_SNS_TOPIC_ARN", topic.arn.clone()),
+            ("ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", "2000".into()),
+            ("ORDERD_OUTBOX_POLL_MS", "100".into()),
+            ("ORDERD_JWT_HS256_SECRET", SECRET.into()),
+        ]);
+        env
+    };
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .arg("relay")
+        .envs(relay_env(proxy.endpoint()))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // SNS has the first event (it reached the queue) but the relay has no answer yet.
+    let delivered = topic.collect(1).await;
+    assert_eq!(delivered.len(), 1);
+    first.kill().unwrap(); // SIGKILL: no chance to mark anything
+    first.wait().unwrap();
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PENDING'")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(pending, 2, "the killed relay marked nothing");
+
+    proxy.set(Mode::Forward);
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .arg("relay")
+        .envs(relay_env(moto_endpoint()))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        2,
+    )
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+
+    let mut all = delivered;
+    all.extend(topic.drain().await);
+    let ids: Vec<String> = all.iter().map(Received::event_id).collect();
+    assert_eq!(
+        ids.len(),
+        3,
+        "the first event twice, the second once: {ids:?}"
+    );
+    assert_eq!(ids[0], ids[1], "the redelivery carries the same event_id");
+    assert_eq!(all[0].body, all[1].body);
+    assert_eq!(all[1].body["order"], created);
+    assert_eq!(all[2].body["order"], cancelled);
+}
+
+/// Wraps the real SNS publisher and records every acknowledged message, in the order
+/// the acknowledgements arrived (the relay marks a row only after this returns).
+struct Observed {
+    inner: std::sync::Arc<dyn Publisher>,
+    acknowledged: std::sync::Mutex<Vec<(Uuid, Uuid, i64)>>,
+}
+
+impl Publisher for Observed {
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [Message],
+    ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>> {
+        Box::pin(async move {
+            let outcomes = self.inner.publish(messages).await;
+            let mut log = self.acknowledged.lock().unwrap();
+            for (message, outcome) in messages.iter().zip(&outcomes) {
+                if outcome.is_ok() {
+                    let seq = serde_json::from_str::<Value>(&message.body).unwrap()["seq"]
+                        .as_i64()
+                        .unwrap();
+                    log.push((message.event_id, message.aggregate_id, seq));
+                }
+            }
+            outcomes
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_order() {
+    // moto delivers to SQS at only ~100 messages/s, so this volume goes to a topic of
+    // its own with no queue; what SNS acknowledged is observed at the publisher.
+    let moto = crate::sns::start_moto();
+    let arn = crate::sns::sns_client(&moto)
+        .await
+        .create_topic()
+        .name("bulk")
+        .send()
+        .await
+        .unwrap()
+        .topic_arn()
+        .unwrap()
+        .to_string();
+    let db = TestDb::new().await;
+    // 1,000 orders with three events each, committed up front.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         SELECT t, gen_random_uuid(), o, s, 'OrderCreated',
+                jsonb_build_object('seq', s, 'order', jsonb_build_object('id', o::text), 'event_type', 'OrderCreated'),
+                now(), now()
+         FROM (SELECT gen_random_uuid() AS o, gen_random_uuid() AS t FROM generate_series(1, 1000)) orders,
+              generate_series(1, 3) s",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let config = settings(&db, &[("ORDERD_OUTBOX_BATCH_SIZE", "50")]);
+    let observed = std::sync::Arc::new(Observed {
+        inner: publisher(&moto, &arn, &config).await,
+        acknowledged: Default::default(),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        let pool = orderd::db::connect(&db.url, 4).await.unwrap();
+        let relay =
+            orderd::outbox::relay::Relay::new(pool, observed.clone(), config.outbox.clone());
+        relays.push(tokio::spawn(relay.run(stopped.clone())));
+    }
+    until_count(
+        &db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        3000,
+    )
+    .await;
+    stop.send(true).unwrap();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+
+    // In the database: each order's events were marked in sequence.
+    let out_of_order: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event a JOIN outbox_event b
+           ON a.aggregate_id = b.aggregate_id AND a.aggregate_seq < b.aggregate_seq
+         WHERE a.published_at > b.published_at",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(out_of_order, 0);
+    // At SNS: every event acknowledged once, each order's in sequence.
+    let acknowledged = observed.acknowledged.lock().unwrap().clone();
+    assert_eq!(acknowledged.len(), 3000);
+    let unique: std::collections::HashSet<Uuid> = acknowledged.iter().map(|a| a.0).collect();
+    assert_eq!(unique.len(), 3000, "no event published twice");
+    let mut seqs: HashMap<Uuid, Vec<i64>> = HashMap::new();
+    for (_, order, seq) in acknowledged {
+        seqs.entry(order).or_default().push(seq);
+    }
+    assert_eq!(seqs.len(), 1000);
+    assert!(
+        seqs.values().all(|s| s == &[1, 2, 3]),
+        "per-order order broken"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanently_failing_event_goes_dead_at_once_while_other_orders_flow_and_redrive_publishes_it()
+ {
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(&moto_endpoint(), &topic.arn, &[]).await;
+    let tenant = Uuid::new_v4();
+    let stuck = Uuid::new_v4();
+    // An event SNS refuses (over 256 KiB), followed by a second event of the same order.
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         VALUES ($1, gen_random_uuid(), $2, 1, 'OrderCreated', jsonb_build_object('order', jsonb_build_object('id', $2::text), 'event_type', 'OrderCreated', 'pad', repeat('x', 300000)), now(), now()),
+                ($1, gen_random_uuid(), $2, 2, 'OrderCancelled', jsonb_build_object('order', jsonb_build_object('id', $2::text), 'event_type', 'OrderCancelled'), now(), now())",
+    )
+    .bind(tenant)
+    .bind(stuck)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let token = app.token(tenant);
+    for _ in 0..3 {
+        create_and_cancel(&app, &token).await;
+    }
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        6,
+    )
+    .await;
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 1",
+        1,
+    )
+    .await;
+    let error: String =
+        sqlx::query_scalar("SELECT last_error FROM outbox_event WHERE status = 'DEAD'")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert!(error.starts_with("invalid_parameter"), "{error}");
+    let blocked: String = sqlx::query_scalar(
+        "SELECT status FROM outbox_event WHERE aggregate_id = $1 AND aggregate_seq = 2",
+    )
+    .bind(stuck)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        blocked, "PENDING",
+        "the order's next event waits behind its dead one"
+    );
+    assert_eq!(topic.collect(6).await.len(), 6);
+
+    // An operator repairs the event and re-drives it: it goes, then its successor.
+    let dead_id: Uuid = sqlx::query_scalar("UPDATE outbox_event SET payload = payload - 'pad' WHERE status = 'DEAD' RETURNING event_id")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["outbox", "redrive", "--id", &dead_id.to_string()])
+        .env("DATABASE_URL", &app.db.url)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "re-drove 1 dead events"
+    );
+    let messages = topic.collect(2).await;
+    assert_eq!(
+        by_order(&messages)[&stuck.to_string()],
+        ["OrderCreated", "OrderCancelled"]
+    );
+    assert_eq!(status_counts(&app.db).await.get("PUBLISHED"), Some(&8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_go_dead_after_the_attempt_limit_and_redrive_all_publishes_them() {
+    let topic = Topic::create(false).await;
+    let proxy = Proxy::start(moto_address()).await;
+    let app = spawn_publishing_app(
+        &proxy.endpoint(),
+        &topic.arn,
+        &[
+            ("ORDERD_OUTBOX_MAX_ATTEMPTS", "3"),
+            ("ORDERD_OUTBOX_BACKOFF_INITIAL_MS", "50"),
+            ("ORDERD_OUTBOX_BACKOFF_MAX_MS", "100"),
+        ],
+    )
+    .await;
+    proxy.set(Mode::Refuse);
+    let token = app.token(Uuid::new_v4());
+    for _ in 0..2 {
+        app.create(&token, &new_key(), &order_body("DEAD-1", 1))
+            .await;
+    }
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 3",
+        2,
+    )
+    .await;
+    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["outbox", "stats"])
+        .env("DATABASE_URL", &app.db.url)
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&stats.stdout).to_string();
+    assert!(
+        stats.contains("pending 0") && stats.contains("dead 2"),
+        "{stats}"
+    );
+
+    proxy.set(Mode::Forward);
+    // New writes flow although older events are dead.
+    app.create(&token, &new_key(), &order_body("DEAD-2", 1))
+        .await;
+    assert_eq!(topic.collect(1).await.len(), 1);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["outbox", "redrive", "--all-dead"])
+        .env("DATABASE_URL", &app.db.url)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "re-drove 2 dead events"
+    );
+    assert_eq!(topic.collect(2).await.len(), 2);
+    until_count(
+        &app.db,
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        3,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_commits_late_is_not_skipped() {
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(&moto_endpoint(), &topic.arn, &[]).await;
+    let tenant = Uuid::new_v4();
+    let mut late = app.db.pool.begin().await.unwrap();
+    let new = orderd::orders::NewOrder {
+        sku: "LATE-1".into(),
+        quantity: 1,
+        customer_ref: None,
+    };
+    let late_order = orderd::orders::store::create(&mut late, orderd::auth::TenantId(tenant), &new)
+        .await
+        .unwrap();
+
+    // A newer write commits and is published first.
+    let newer = app
+        .create(&app.token(tenant), &new_key(), &order_body("NEW-1", 1))
+        .await
+        .json();
+    let first = topic.collect(1).await;
+    assert_eq!(first[0].body["order"]["id"], newer["id"]);
+    late.commit().await.unwrap();
+
+    let second = topic.collect(1).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].body["order"]["id"], late_order.id.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_listener_falls_back_to_polling_and_it_reconnects() {
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(
+        &moto_endpoint(),
+        &topic.arn,
+        &[("ORDERD_OUTBOX_POLL_MS", "300")],
+    )
+    .await;
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
+        app.db.name
+    );
+    until_count(&app.db, &listening, 1).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
+        app.db.name
+    )))
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let token = app.token(Uuid::new_v4());
+    app.create(&token, &new_key(), &order_body("LSN-1", 1))
+        .await;
+    assert_eq!(
+        topic.collect(1).await.len(),
+        1,
+        "published without the listener"
+    );
+    until_count(&app.db, &listening, 1).await;
+    app.create(&token, &new_key(), &order_body("LSN-2", 1))
+        .await;
+    assert_eq!(topic.collect(1).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_row_retention_deletes_in_batches_and_never_touches_pending_or_dead_rows() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at, status, published_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{}', now() - interval '3 days',
+                now(), st, CASE WHEN st = 'PUBLISHED' THEN now() - age END
+         FROM (VALUES ('PUBLISHED', interval '2 days', 25), ('PUBLISHED', interval '1 minute', 5),
+                      ('PENDING', interval '2 days', 3), ('DEAD', interval '2 days', 2)) AS v(st, age, n),
+              LATERAL generate_series(1, n)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let deleted = orderd::maintenance::purge_outbox_once(&db.pool, Duration::from_secs(3600), 10)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 25);
+    let counts = status_counts(&db).await;
+    assert_eq!(
+        (counts["PUBLISHED"], counts["PENDING"], counts["DEAD"]),
+        (5, 3, 2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_without_a_topic_refuses_to_start_the_relay() {
+    let db = TestDb::new().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .arg("serve")
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_JWT_HS256_SECRET", SECRET)
+        .env_remove("ORDERD_SNS_TOPIC_ARN")
+        .env("ORDERD_RELAY", "on")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("ORDERD_SNS_TOPIC_ARN"),
+        "{stderr}"
+    );
+}
