@@ -4,6 +4,7 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
 use poem::{
     Endpoint, EndpointExt, Route, Server,
     listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
@@ -28,6 +29,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub fn route(state: AppState, verifier: Arc<Verifier>) -> impl Endpoint {
     let api = api::service(state);
     Route::new()
+        .at(
+            "/metrics",
+            poem::get(metrics_text).data(crate::metrics::install()),
+        )
         .at("/openapi.json", api.spec_endpoint())
         .at("/openapi.yaml", api.spec_endpoint_yaml())
         .nest("/docs", api.swagger_ui())
@@ -36,6 +41,46 @@ pub fn route(state: AppState, verifier: Arc<Verifier>) -> impl Endpoint {
         .with(CatchPanic::new().with_handler(api::middleware::panic_response))
         .with(ProblemLayer)
 }
+
+/// `GET /metrics`: the Prometheus text format.
+#[poem::handler]
+fn metrics_text(handle: poem::web::Data<&PrometheusHandle>) -> poem::Response {
+    poem::Response::builder()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(handle.render())
+}
+
+/// What `orderd relay` serves: metrics and liveness.
+fn ops_route() -> impl Endpoint {
+    Route::new()
+        .at(
+            "/metrics",
+            poem::get(metrics_text).data(crate::metrics::install()),
+        )
+        .at("/healthz", poem::get(poem::endpoint::make_sync(|_| "ok")))
+}
+
+/// Keeps the outbox gauges current with one cheap query (partial indexes only) every
+/// `interval`, from start-up until `shutdown`.
+async fn refresh_outbox_gauges(
+    pool: PgPool,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        match crate::outbox::store::stats(&pool).await {
+            Ok(stats) => crate::metrics::outbox_stats(stats),
+            Err(e) => tracing::warn!(error = %e, "cannot refresh the outbox gauges"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// How often the outbox gauges are refreshed.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The OpenAPI document as served, in YAML (`orderd openapi --yaml`, the committed file).
 pub fn openapi_yaml() -> String {
@@ -137,6 +182,11 @@ impl Application {
             idempotency: true,
             outbox_retention: relay.is_some().then_some(self.config.outbox.retention),
         };
+        let gauges = tokio::spawn(refresh_outbox_gauges(
+            self.pool.clone(),
+            GAUGE_INTERVAL,
+            workers_stopped.clone(),
+        ));
         let purge = tokio::spawn(maintenance::run_periodic(
             self.pool.clone(),
             self.config.purge_interval,
@@ -149,6 +199,7 @@ impl Application {
             .await;
         let _ = stop_workers.send(true);
         let _ = purge.await;
+        let _ = gauges.await;
         if let Some(relay) = relay {
             let _ = relay.await;
         }
@@ -174,14 +225,44 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown requested; finishing in-flight requests");
 }
 
-/// `orderd relay`: the outbox relay and the outbox purge alone, until `shutdown`.
+/// `orderd relay`: the outbox relay, the outbox purge and the outbox gauges alone, with
+/// `/metrics` on `ORDERD_METRICS_BIND`, until `shutdown`.
 pub async fn run_relay(
     config: Config,
     pool: PgPool,
     publisher: Arc<dyn Publisher>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let bind = bind_address(&config.metrics_bind);
+    let acceptor = TcpListener::bind(bind.clone())
+        .into_acceptor()
+        .await
+        .with_context(|| format!("cannot listen on {bind} (ORDERD_METRICS_BIND)"))?;
+    if let Some(address) = acceptor
+        .local_addr()
+        .first()
+        .and_then(|a| a.as_socket_addr().copied())
+    {
+        tracing::info!(address = %address, "relay metrics listening");
+    }
     let (stop, stopped) = watch::channel(false);
+    let ops = {
+        let mut stopped = stopped.clone();
+        tokio::spawn(
+            Server::new_with_acceptor(acceptor).run_with_graceful_shutdown(
+                ops_route(),
+                async move {
+                    let _ = stopped.changed().await;
+                },
+                Some(Duration::from_secs(5)),
+            ),
+        )
+    };
+    let gauges = tokio::spawn(refresh_outbox_gauges(
+        pool.clone(),
+        GAUGE_INTERVAL,
+        stopped.clone(),
+    ));
     let relay = tokio::spawn(
         Relay::new(pool.clone(), publisher, config.outbox.clone()).run(stopped.clone()),
     );
@@ -198,6 +279,8 @@ pub async fn run_relay(
     shutdown.await;
     let _ = stop.send(true);
     let _ = purge.await;
+    let _ = gauges.await;
+    let _ = ops.await;
     relay.await.context("relay task failed")?;
     Ok(())
 }

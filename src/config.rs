@@ -152,6 +152,8 @@ pub struct Config {
     pub db_pool_size: u32,
     /// How often `serve` runs the retention purge (`ORDERD_PURGE_INTERVAL_SECS`, default 60).
     pub purge_interval: Duration,
+    /// Where `orderd relay` serves `/metrics` (`ORDERD_METRICS_BIND`, default 127.0.0.1:9091).
+    pub metrics_bind: String,
 }
 
 impl Config {
@@ -242,7 +244,16 @@ impl Config {
             },
             db_pool_size: env.number("ORDERD_DB_POOL_SIZE", 16, 1)?,
             purge_interval: Duration::from_secs(env.number("ORDERD_PURGE_INTERVAL_SECS", 60, 1)?),
+            metrics_bind: env
+                .string("ORDERD_METRICS_BIND")
+                .unwrap_or_else(|| "127.0.0.1:9091".into()),
         };
+        validate_bind(&config.metrics_bind).map_err(|_| {
+            ConfigError(format!(
+                "ORDERD_METRICS_BIND must be host:port, not `{}`",
+                config.metrics_bind
+            ))
+        })?;
         if config.outbox.backoff_max < config.outbox.backoff_initial {
             return Err(ConfigError(
                 "ORDERD_OUTBOX_BACKOFF_MAX_MS must not be below ORDERD_OUTBOX_BACKOFF_INITIAL_MS"

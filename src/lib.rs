@@ -17,6 +17,8 @@ pub mod db;
 pub mod idempotency;
 /// Retention purge of idempotency records.
 pub mod maintenance;
+/// Prometheus metric names, help texts and recording.
+pub mod metrics;
 /// Orders: domain types and SQL.
 pub mod orders;
 /// The transactional outbox.

@@ -25,18 +25,42 @@ pub fn init(json: bool) {
     };
 }
 
-/// Records how the idempotency guard decided one request. The seam for the
-/// `idempotency_requests_total` counter; for now the decision is logged.
+/// What the request log line says beyond method, route and status: filled in by the
+/// layers that learn it (authentication, the idempotency guard) while the request runs.
+#[derive(Debug, Default)]
+pub struct RequestContext {
+    pub tenant: Option<uuid::Uuid>,
+    pub subject: Option<String>,
+    pub outcome: Option<&'static str>,
+}
+
+tokio::task_local! {
+    /// The context of the request this task is serving (set by the HTTP middleware).
+    pub static REQUEST: std::cell::RefCell<RequestContext>;
+}
+
+/// Notes the authenticated caller for the request log line.
+pub fn note_caller(tenant: uuid::Uuid, subject: &str) {
+    let _ = REQUEST.try_with(|c| {
+        let mut c = c.borrow_mut();
+        c.tenant = Some(tenant);
+        c.subject = Some(subject.to_string());
+    });
+}
+
+/// Records how the idempotency guard decided one request: the counter, and the
+/// request's log line.
 pub fn record_idempotency_outcome(endpoint: &'static str, outcome: Outcome) {
-    tracing::debug!(endpoint, outcome = outcome.as_str(), "idempotency outcome");
+    crate::metrics::idempotency_outcome(endpoint, outcome);
+    let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome.as_str()));
 }
 
 /// An event SNS acknowledged, `lag_secs` after its change committed.
 pub fn record_published(event_type: &str, lag_secs: f64) {
-    tracing::debug!(event_type, lag_secs, "event published");
+    crate::metrics::published(event_type, lag_secs);
 }
 
 /// A failed publish, by error class.
 pub fn record_publish_failure(reason: &'static str) {
-    tracing::debug!(reason, "publish failed");
+    crate::metrics::publish_failure(reason);
 }

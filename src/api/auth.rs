@@ -22,5 +22,7 @@ async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Principal>
     let verifier = req.data::<Arc<Verifier>>().ok_or_else(|| {
         Problem::internal(anyhow::anyhow!("no token verifier installed on the route"))
     })?;
-    Ok(verifier.verify(&bearer.token)?)
+    let principal = verifier.verify(&bearer.token)?;
+    crate::telemetry::note_caller(principal.tenant.0, &principal.subject);
+    Ok(principal)
 }

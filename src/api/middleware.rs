@@ -1,15 +1,19 @@
 //! Cross-cutting HTTP behaviour: the 64 KiB body limit, turning every error (ours,
-//! poem's, poem-openapi's, a panic) into problem+json, and the per-request log line.
+//! poem's, poem-openapi's, a panic) into problem+json, the request id, the HTTP
+//! metrics and the one structured log line per request.
 
 use std::time::Instant;
 
 use poem::{
     Body, Endpoint, IntoResponse, Middleware, Request, Response,
-    http::{Method, StatusCode, header},
+    http::{HeaderValue, Method, StatusCode, header},
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::problem::{FieldError, Kind, Problem};
+use crate::{
+    problem::{FieldError, Kind, Problem},
+    telemetry::{REQUEST, RequestContext},
+};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -36,22 +40,57 @@ impl<E: Endpoint> Endpoint for ProblemEndpoint<E> {
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let response = match limit_body(&mut req).await {
-            Err(problem) => problem.to_response(Some(&path)),
-            Ok(()) => match self.inner.call(req).await {
-                Ok(output) => output.into_response(),
-                Err(err) => to_problem(err).to_response(Some(&path)),
-            },
-        };
+        let route = crate::metrics::route_template(&path);
+        let request_id = request_id(&req);
+        let context = std::cell::RefCell::new(RequestContext::default());
+        let (mut response, context) = REQUEST
+            .scope(context, async {
+                let response = match limit_body(&mut req).await {
+                    Err(problem) => problem.to_response(Some(&path)),
+                    Ok(()) => match self.inner.call(req).await {
+                        Ok(output) => output.into_response(),
+                        Err(err) => to_problem(err).to_response(Some(&path)),
+                    },
+                };
+                (
+                    response,
+                    REQUEST.with(|c| std::mem::take(&mut *c.borrow_mut())),
+                )
+            })
+            .await;
+        if let Ok(value) = HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        let status = response.status().as_u16();
+        let elapsed = started.elapsed().as_secs_f64();
+        crate::metrics::http_request(method.as_str(), route, status, elapsed);
         tracing::info!(
             method = %method,
-            path = %path,
-            status = response.status().as_u16(),
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            route,
+            status,
+            latency_ms = elapsed * 1000.0,
+            tenant = context.tenant.map(|t| t.to_string()),
+            sub = context.subject,
+            request_id = %request_id,
+            idempotency = context.outcome,
             "request"
         );
         Ok(response)
     }
+}
+
+/// The header that carries a request's id in and out.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The caller's `X-Request-Id` when it is a sane token (printable ASCII, at most 128
+/// characters, so it cannot forge log lines), otherwise a fresh UUID.
+fn request_id(req: &Request) -> String {
+    req.headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(String::from)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
 /// How much of an oversized body is read and thrown away before answering 413, so the

@@ -8,7 +8,7 @@ use std::{
 
 use uuid::Uuid;
 
-use crate::helpers::{SECRET, TestDb, order_body};
+use crate::helpers::{KillOnDrop, SECRET, TestDb, order_body};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 
@@ -183,16 +183,6 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
         .await
         .unwrap();
     assert_eq!(orders, 1);
-}
-
-/// Never leaves a server behind when a test fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

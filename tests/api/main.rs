@@ -9,6 +9,7 @@ mod concurrency;
 mod crash;
 mod idempotency;
 mod indexes;
+mod observability;
 mod openapi;
 mod orders;
 mod outbox;
