@@ -1,14 +1,10 @@
 //! The binary itself: subcommands, start-up errors and graceful shutdown.
 
-use std::{
-    io::{BufRead, BufReader},
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use uuid::Uuid;
 
-use crate::helpers::{KillOnDrop, SECRET, TestDb, order_body};
+use crate::helpers::{SECRET, ServeProcess, TestDb, order_body};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 
@@ -89,31 +85,8 @@ fn a_missing_or_malformed_setting_stops_serve_with_one_line_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
     let db = TestDb::new().await;
-    let mut child = KillOnDrop(
-        Command::new(BIN)
-            .arg("serve")
-            .env("DATABASE_URL", &db.url)
-            .env("ORDERD_BIND", "127.0.0.1:0")
-            .env("ORDERD_JWT_HS256_SECRET", SECRET)
-            .env("ORDERD_RELAY", "off")
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    // The bound address is logged: read it from the log.
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("address=").nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap().to_string());
-            }
-        }
-    });
-    let address = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve logs its address");
+    let mut serve = ServeProcess::start(&db, &[]);
+    let address = serve.base.trim_start_matches("http://").to_string();
 
     // Stall the request inside its transaction, then ask the server to stop.
     let mut blocker = db.pool.begin().await.unwrap();
@@ -152,7 +125,7 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let pid = child.0.id();
+    let pid = serve.child.id();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -170,7 +143,7 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
             .expect("the in-flight request was answered"),
         201
     );
-    let status = tokio::task::spawn_blocking(move || child.0.wait())
+    let status = tokio::task::spawn_blocking(move || serve.child.wait())
         .await
         .unwrap()
         .unwrap();

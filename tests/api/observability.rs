@@ -236,65 +236,35 @@ async fn promtool_accepts_the_live_metrics_and_the_alert_rules_and_their_unit_te
     )
     .await;
     let metrics = serve.metrics().await;
-    let mut check = Command::new("promtool")
-        .args(["check", "metrics"])
+    promtool(&["check", "metrics"], Some(metrics.as_bytes()));
+    promtool(&["check", "rules", "alerts.yml"], None);
+    promtool(&["test", "rules", "alerts_test.yml"], None);
+    promtool(&["check", "config", "prometheus.yml"], None);
+}
+
+/// Runs promtool in `grafana/prometheus` (with `input` on stdin) and asserts success.
+fn promtool(args: &[&str], input: Option<&[u8]>) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(args)
+        .current_dir(format!("{GRAFANA}/prometheus"))
         .stdin(std::process::Stdio::piped())
-        .output_with_stdin(metrics.as_bytes());
-    assert!(
-        check.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    check = Command::new("promtool")
-        .args(["check", "rules", "alerts.yml"])
-        .current_dir(format!("{GRAFANA}/prometheus"))
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
-    check = Command::new("promtool")
-        .args(["test", "rules", "alerts_test.yml"])
-        .current_dir(format!("{GRAFANA}/prometheus"))
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    check = Command::new("promtool")
-        .args(["check", "config", "prometheus.yml"])
-        .current_dir(format!("{GRAFANA}/prometheus"))
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-}
-
-trait OutputWithStdin {
-    fn output_with_stdin(&mut self, input: &[u8]) -> std::process::Output;
-}
-
-impl OutputWithStdin for Command {
-    fn output_with_stdin(&mut self, input: &[u8]) -> std::process::Output {
-        use std::io::Write;
-        let mut child = self
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        child.wait_with_output().unwrap()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(input) = input {
+        stdin.write_all(input).unwrap();
     }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Every PromQL expression of the dashboards, with Grafana's interval variable filled in.
