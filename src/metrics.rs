@@ -28,7 +28,7 @@ pub const ENDPOINTS: [&str; 2] = ["POST /v1/orders", "POST /v1/orders/{id}/cance
 /// The event types (the `event_type` label).
 pub const EVENT_TYPES: [&str; 2] = ["OrderCreated", "OrderCancelled"];
 /// Error classes of [`crate::outbox::publisher::classify`] and the SNS publisher.
-pub const FAILURE_REASONS: [&str; 10] = [
+pub const FAILURE_REASONS: [&str; 11] = [
     "throttling",
     "kms_throttling",
     "server",
@@ -39,6 +39,7 @@ pub const FAILURE_REASONS: [&str; 10] = [
     "authorization",
     "kms",
     "other_client",
+    "other_server",
 ];
 
 /// HTTP latency buckets: a p99 in single-digit milliseconds needs resolution there.

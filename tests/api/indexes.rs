@@ -91,3 +91,58 @@ async fn claim_replay_purge_and_list_queries_use_their_indexes() {
     .await;
     assert!(list.contains("orders_tenant_newest"), "{list}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_many_published_rows() {
+    let db = TestDb::new().await;
+    // 200,000 published rows, a handful pending and dead: the shape of a healthy outbox.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at, status, published_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{}', now(), now(),
+                CASE WHEN g % 20000 = 0 THEN 'PENDING' WHEN g % 50000 = 1 THEN 'DEAD' ELSE 'PUBLISHED' END,
+                CASE WHEN g % 20000 = 0 OR g % 50000 = 1 THEN NULL ELSE now() END
+         FROM generate_series(1, 200000) g;
+         ANALYZE outbox_event;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let stats = plan(
+        &db,
+        "SELECT (SELECT count(*) FROM outbox_event WHERE status = 'PENDING'),
+                (SELECT min(occurred_at) FROM outbox_event WHERE status = 'PENDING'),
+                (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')",
+    )
+    .await;
+    assert!(!stats.contains("Seq Scan"), "{stats}");
+    assert!(
+        stats.contains("outbox_event_pending") && stats.contains("outbox_event_dead"),
+        "{stats}"
+    );
+
+    let claim = plan(
+        &db,
+        "SELECT e.tenant_id, e.event_id FROM outbox_event e
+         WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
+           AND NOT EXISTS (SELECT 1 FROM outbox_event earlier
+                           WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
+                             AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
+         ORDER BY e.next_attempt_at LIMIT 100 FOR UPDATE OF e SKIP LOCKED",
+    )
+    .await;
+    assert!(!claim.contains("Seq Scan"), "{claim}");
+    assert!(claim.contains("outbox_event_pending"), "{claim}");
+    assert!(
+        claim.contains("outbox_event_unpublished_by_order"),
+        "{claim}"
+    );
+
+    let purge = plan(
+        &db,
+        "SELECT tenant_id FROM outbox_event WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - interval '1 day'
+         ORDER BY published_at LIMIT 1000 FOR UPDATE SKIP LOCKED",
+    )
+    .await;
+    assert!(purge.contains("outbox_event_published"), "{purge}");
+}

@@ -561,3 +561,61 @@ fn the_dashboards_are_valid_grafana_json_using_the_datasource_variable_everywher
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_relay_serves_its_own_metrics_and_stops_cleanly_on_sigterm() {
+    let topic = Topic::create(false).await;
+    let db = TestDb::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let relay = crate::helpers::KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_orderd"))
+            .arg("relay")
+            .envs(aws_env(&crate::sns::moto_endpoint()))
+            .env("DATABASE_URL", &db.url)
+            .env("ORDERD_SNS_TOPIC_ARN", &topic.arn)
+            .env("ORDERD_METRICS_BIND", format!("127.0.0.1:{port}"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut metrics = String::new();
+    for _ in 0..200 {
+        if let Ok(response) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+            metrics = response.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sample(&metrics, "outbox_pending_events"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"outbox_published_total{event_type="OrderCreated"}"#
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &relay.0.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let mut relay = relay;
+        relay.0.wait()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "relay exits cleanly on SIGTERM: {status}");
+}
