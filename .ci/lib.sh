@@ -4,7 +4,7 @@
 # Order of preference, reusing what is there:
 #   1. DATABASE_URL from the environment, when it answers;
 #   2. a server on 127.0.0.1:5432 that lets user `postgres` in;
-#   3. a throwaway cluster owned by this project under target/pg (started if needed),
+#   3. a throwaway cluster owned by this project in /var/tmp/orderd-pg (started if needed),
 #      installing Debian's PostgreSQL first when no server binaries exist.
 
 ORDERD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +48,9 @@ ensure_postgres() {
         apt_install postgresql
         bindir="$(pg_bindir)"
     fi
-    local dir="$ORDERD_ROOT/target/pg"
+    # Outside the checkout: the postgres user must reach it even when the checkout
+    # lives in a private home directory.
+    local dir="${ORDERD_PG_DIR:-/var/tmp/orderd-pg}"
     mkdir -p "$dir"
     # initdb refuses to run as root: the cluster belongs to the postgres user.
     local as=()

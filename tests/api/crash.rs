@@ -5,12 +5,7 @@
 //! This needs a server the test may kill, so it starts a throwaway cluster of its own
 //! from the local PostgreSQL binaries (installed by `.ci/test`).
 
-use std::{
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{net::TcpListener, path::PathBuf, process::Command, time::Duration};
 
 use uuid::Uuid;
 
@@ -26,8 +21,9 @@ struct Cluster {
 impl Cluster {
     fn start() -> Self {
         let bindir = postgres_bindir();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("crash-pg-{}", Uuid::new_v4().simple()));
+        // Under the system temp dir, not the checkout: the postgres user must be able to
+        // reach it even when the checkout lives in a private home directory.
+        let dir = std::env::temp_dir().join(format!("orderd-crash-pg-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
