@@ -172,7 +172,7 @@ impl Config {
         let bind = env
             .string("ORDERD_BIND")
             .unwrap_or_else(|| "127.0.0.1:8080".into());
-        validate_bind(&bind)?;
+        validate_bind("ORDERD_BIND", &bind)?;
         let defaults_idem = IdempotencyConfig::default();
         let defaults_outbox = OutboxConfig::default();
         let jwt = JwtConfig::from_lookup(&lookup)?;
@@ -248,12 +248,7 @@ impl Config {
                 .string("ORDERD_METRICS_BIND")
                 .unwrap_or_else(|| "127.0.0.1:9091".into()),
         };
-        validate_bind(&config.metrics_bind).map_err(|_| {
-            ConfigError(format!(
-                "ORDERD_METRICS_BIND must be host:port, not `{}`",
-                config.metrics_bind
-            ))
-        })?;
+        validate_bind("ORDERD_METRICS_BIND", &config.metrics_bind)?;
         if config.outbox.backoff_max < config.outbox.backoff_initial {
             return Err(ConfigError(
                 "ORDERD_OUTBOX_BACKOFF_MAX_MS must not be below ORDERD_OUTBOX_BACKOFF_INITIAL_MS"
@@ -264,19 +259,15 @@ impl Config {
     }
 }
 
-fn validate_bind(bind: &str) -> Result<(), ConfigError> {
-    // `:0` is shorthand for "any free port on loopback".
-    let candidate = if bind.starts_with(':') {
-        format!("127.0.0.1{bind}")
-    } else {
-        bind.to_string()
-    };
-    SocketAddr::from_str(&candidate)
+/// Checks a listen address from the variable `name`.
+fn validate_bind(name: &str, bind: &str) -> Result<(), ConfigError> {
+    SocketAddr::from_str(&bind_address(bind))
         .map(|_| ())
-        .map_err(|_| ConfigError(format!("ORDERD_BIND must be host:port, not `{bind}`")))
+        .map_err(|_| ConfigError(format!("{name} must be host:port, not `{bind}`")))
 }
 
-/// The listen address with the `:PORT` shorthand expanded.
+/// The listen address with the `:PORT` shorthand ("any free port on loopback" for
+/// `:0`) expanded.
 pub fn bind_address(bind: &str) -> String {
     if bind.starts_with(':') {
         format!("127.0.0.1{bind}")

@@ -5,7 +5,7 @@
 //! the purge never holds many locks, never bloats one transaction's WAL, and several
 //! replicas can run it at once.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -27,22 +27,13 @@ pub struct PurgeReport {
 
 /// One full pass: batches until nothing more is due.
 pub async fn purge_once(pool: &PgPool, batch: i64) -> sqlx::Result<PurgeReport> {
-    let mut report = PurgeReport::default();
-    loop {
-        let n = store::purge_expired(pool, batch).await?;
-        report.expired_keys += n;
-        if (n as i64) < batch {
-            break;
-        }
-    }
-    loop {
-        let n = store::purge_abandoned(pool, ABANDONED_GRACE_SECS, batch).await?;
-        report.abandoned_claims += n;
-        if (n as i64) < batch {
-            break;
-        }
-    }
-    Ok(report)
+    Ok(PurgeReport {
+        expired_keys: in_batches(batch, || store::purge_expired(pool, batch)).await?,
+        abandoned_claims: in_batches(batch, || {
+            store::purge_abandoned(pool, ABANDONED_GRACE_SECS, batch)
+        })
+        .await?,
+    })
 }
 
 /// Deletes outbox rows published more than `retention` ago, in batches; never touches
@@ -52,9 +43,22 @@ pub async fn purge_outbox_once(
     retention: Duration,
     batch: i64,
 ) -> sqlx::Result<u64> {
+    let retention_secs = retention.as_secs() as i64;
+    in_batches(batch, || {
+        outbox::store::purge_published(pool, retention_secs, batch)
+    })
+    .await
+}
+
+/// Repeats one bounded DELETE until it removes fewer than `batch` rows; returns the total.
+async fn in_batches<F, Fut>(batch: i64, mut delete: F) -> sqlx::Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sqlx::Result<u64>>,
+{
     let mut total = 0;
     loop {
-        let n = outbox::store::purge_published(pool, retention.as_secs() as i64, batch).await?;
+        let n = delete().await?;
         total += n;
         if (n as i64) < batch {
             return Ok(total);

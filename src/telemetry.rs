@@ -54,13 +54,3 @@ pub fn record_idempotency_outcome(endpoint: &'static str, outcome: Outcome) {
     crate::metrics::idempotency_outcome(endpoint, outcome);
     let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome.as_str()));
 }
-
-/// An event SNS acknowledged, `lag_secs` after its change committed.
-pub fn record_published(event_type: &str, lag_secs: f64) {
-    crate::metrics::published(event_type, lag_secs);
-}
-
-/// A failed publish, by error class.
-pub fn record_publish_failure(reason: &'static str) {
-    crate::metrics::publish_failure(reason);
-}

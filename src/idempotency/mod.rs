@@ -158,7 +158,7 @@ impl Guard {
         F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
     {
         let (owner, outcome) = match self.claim(scope, &fingerprint).await? {
-            Claim::Replay(stored) => return Ok((Idempotent::replayed(&stored), Outcome::Replayed)),
+            Claim::Replay(stored) => return Ok((Idempotent::replayed(stored), Outcome::Replayed)),
             Claim::Owned { owner, outcome } => (owner, outcome),
         };
         // From here until the completion commits, any exit (error, panic, cancelled
@@ -170,7 +170,7 @@ impl Guard {
         };
         let stored = self.execute(scope, owner, operation).await?;
         release.disarm();
-        Ok((Idempotent::fresh(&stored), outcome))
+        Ok((Idempotent::fresh(stored), outcome))
     }
 
     /// Claim-or-read loop: ends owning the key, with a stored response, or a problem.
@@ -178,18 +178,25 @@ impl Guard {
         let lease_ms = self.config.lease.as_millis() as i64;
         let wait_until = tokio::time::Instant::now() + self.config.inflight_wait;
         let mut pause = Duration::from_millis(5);
+        // Whether the last look found a row: then only a read can tell us more, and an
+        // INSERT would just conflict again.
+        let mut row_exists = false;
         loop {
             let owner = Uuid::new_v4();
-            if store::try_insert(&self.claims, scope, fingerprint, owner, lease_ms).await? {
+            if !row_exists
+                && store::try_insert(&self.claims, scope, fingerprint, owner, lease_ms).await?
+            {
                 return Ok(Claim::Owned {
                     owner,
                     outcome: Outcome::Created,
                 });
             }
             let Some(record) = store::read(&self.claims, scope).await? else {
-                // Released or purged between our insert and our read: try again.
+                // Released or purged since we looked: claim it afresh.
+                row_exists = false;
                 continue;
             };
+            row_exists = true;
             match record {
                 store::Record::Completed { expired: true, .. } => {
                     if store::reclaim_expired(&self.claims, scope, fingerprint, owner, lease_ms)
@@ -362,30 +369,30 @@ pub struct Idempotent<T> {
 }
 
 impl<T> Idempotent<T> {
-    fn build(stored: &StoredResponse, replayed: bool) -> Self {
+    fn build(stored: StoredResponse, replayed: bool) -> Self {
         let mut builder = Response::builder().status(
             StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         );
-        if let Some(content_type) = &stored.content_type {
-            builder = builder.header(header::CONTENT_TYPE, content_type.as_str());
+        if let Some(content_type) = stored.content_type {
+            builder = builder.header(header::CONTENT_TYPE, content_type);
         }
-        if let Some(location) = &stored.location {
-            builder = builder.header(header::LOCATION, location.as_str());
+        if let Some(location) = stored.location {
+            builder = builder.header(header::LOCATION, location);
         }
         if replayed {
             builder = builder.header(REPLAYED_HEADER, "true");
         }
         Self {
-            response: builder.body(stored.body.clone()),
+            response: builder.body(stored.body),
             _typed: PhantomData,
         }
     }
 
-    fn fresh(stored: &StoredResponse) -> Self {
+    fn fresh(stored: StoredResponse) -> Self {
         Self::build(stored, false)
     }
 
-    fn replayed(stored: &StoredResponse) -> Self {
+    fn replayed(stored: StoredResponse) -> Self {
         Self::build(stored, true)
     }
 }
@@ -408,19 +415,24 @@ impl<T: ApiResponse> ApiResponse for Idempotent<T> {
                 schema: bool::schema_ref(),
             });
         }
-        meta.responses.extend(crate::api::problems::meta(&[
-            (
-                400,
-                "Invalid body, or `Idempotency-Key` missing or malformed",
-            ),
+        // 400, 401, 403, 5xx come from `Documented`; these are the guard's own.
+        let mut problems = crate::api::problems::meta(&[
             (
                 409,
-                "A request with this key is still in flight; retry after `Retry-After` seconds",
+                "A request with this key is still in flight, or this request lost its lease; retry after `Retry-After` seconds",
             ),
             (413, "Body larger than 64 KiB"),
             (415, "Content type is not `application/json`"),
             (422, "The key was already used with a different request"),
-        ]));
+        ]);
+        problems[0].headers.push(MetaHeader {
+            name: "Retry-After".to_string(),
+            description: Some("Whole seconds to wait before retrying (1 or 2)".into()),
+            required: true,
+            deprecated: false,
+            schema: u32::schema_ref(),
+        });
+        meta.responses.extend(problems);
         meta
     }
 

@@ -17,7 +17,7 @@ use super::{
     publisher::{Message, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
-use crate::{config::OutboxConfig, telemetry};
+use crate::{config::OutboxConfig, metrics};
 
 /// The NOTIFY channel the `outbox_event` insert trigger signals.
 pub const CHANNEL: &str = "outbox_event";
@@ -134,11 +134,11 @@ impl Relay {
         for (event, outcome) in batch.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
-                    telemetry::record_published(&event.event_type, event.age_secs);
+                    metrics::published(&event.event_type, event.age_secs);
                     published.push((event.tenant_id, event.event_id));
                 }
                 Err(error) => {
-                    telemetry::record_publish_failure(error.reason);
+                    metrics::publish_failure(error.reason);
                     let attempts = event.attempts + 1;
                     let dead = error.retry == Retry::Permanent
                         || attempts as u32 >= self.config.max_attempts;

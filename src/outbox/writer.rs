@@ -4,25 +4,18 @@
 //! whole guarantee (the change and its event commit together, or neither does).
 
 use poem_openapi::types::ToJSON;
-use serde::Serialize;
+use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::EventType;
 use crate::{auth::TenantId, orders::Order};
 
-/// The SNS message body (contract section 6). Timestamps and the order are rendered
-/// exactly as the API renders them, so a consumer sees one format everywhere.
-#[derive(Debug, Serialize)]
-pub struct EventBody {
-    pub event_id: Uuid,
-    pub event_type: &'static str,
-    pub occurred_at: String,
-    pub tenant_id: Uuid,
-    pub order: serde_json::Value,
-}
-
 /// Writes one event for `order` as it is after the change; returns its `event_id`.
+///
+/// The payload is the SNS message body (contract section 6). The order, and
+/// `occurred_at` (its `updated_at`), are rendered by the same code as the API's
+/// responses, so a consumer sees one format everywhere.
 pub async fn append(
     tx: &mut PgConnection,
     tenant: TenantId,
@@ -30,20 +23,14 @@ pub async fn append(
     order: &Order,
 ) -> sqlx::Result<Uuid> {
     let event_id = Uuid::now_v7();
-    let body = EventBody {
-        event_id,
-        event_type: event_type.as_str(),
-        occurred_at: order
-            .updated_at
-            .to_json()
-            .unwrap_or_default()
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        tenant_id: tenant.0,
-        order: order.to_json().unwrap_or_default(),
-    };
-    let payload = serde_json::to_value(&body).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    let order_json = order.to_json().unwrap_or_default();
+    let payload = json!({
+        "event_id": event_id,
+        "event_type": event_type.as_str(),
+        "occurred_at": order_json["updated_at"],
+        "tenant_id": tenant.0,
+        "order": order_json,
+    });
     sqlx::query(
         "INSERT INTO outbox_event
            (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
