@@ -413,6 +413,20 @@ impl ServeProcess {
             .await
             .unwrap()
     }
+
+    /// Polls `/metrics` until `done` holds (or a generous deadline passes); returns the
+    /// last text read, for the caller to assert on.
+    pub async fn metrics_until(&self, done: impl Fn(&str) -> bool) -> String {
+        let mut text = String::new();
+        for _ in 0..300 {
+            text = self.metrics().await;
+            if done(&text) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        text
+    }
 }
 
 impl Drop for ServeProcess {

@@ -466,45 +466,32 @@ async fn outbox_gauges_rise_while_sns_is_down_and_fall_to_zero_when_it_returns()
             201
         );
     }
-    let mut seen = (0.0, 0.0);
-    for _ in 0..100 {
-        let m = serve.metrics().await;
-        seen = (
-            sample(&m, "outbox_pending_events").unwrap_or(0.0),
-            sample(&m, "outbox_oldest_pending_age_seconds").unwrap_or(0.0),
-        );
-        if seen.0 == 3.0 && seen.1 >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let gauges = |m: &str| {
+        (
+            sample(m, "outbox_pending_events").unwrap_or(-1.0),
+            sample(m, "outbox_oldest_pending_age_seconds").unwrap_or(-1.0),
+        )
+    };
+    let network_failures =
+        |m: &str| sample(m, r#"outbox_publish_failures_total{reason="network"}"#).unwrap_or(0.0);
+    // The SDK retries a cut connection itself before the relay records a failure, so
+    // wait for both the gauges and the counter.
+    let down = serve
+        .metrics_until(|m| {
+            let (pending, age) = gauges(m);
+            pending == 3.0 && age >= 1.0 && network_failures(m) > 0.0
+        })
+        .await;
+    let seen = gauges(&down);
     assert!(
         seen.0 == 3.0 && seen.1 >= 1.0,
         "pending and age rose: {seen:?}"
     );
-    let failures = serve.metrics().await;
-    assert!(
-        sample(
-            &failures,
-            r#"outbox_publish_failures_total{reason="network"}"#
-        )
-        .unwrap_or(0.0)
-            > 0.0,
-        "{failures}"
-    );
+    assert!(network_failures(&down) > 0.0, "{down}");
 
     proxy.set(Mode::Forward);
-    for _ in 0..150 {
-        let m = serve.metrics().await;
-        seen = (
-            sample(&m, "outbox_pending_events").unwrap_or(-1.0),
-            sample(&m, "outbox_oldest_pending_age_seconds").unwrap_or(-1.0),
-        );
-        if seen == (0.0, 0.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let up = serve.metrics_until(|m| gauges(m) == (0.0, 0.0)).await;
+    let seen = gauges(&up);
     assert_eq!(seen, (0.0, 0.0), "the gauges fell back to zero");
     let published = serve.metrics().await;
     assert_eq!(
