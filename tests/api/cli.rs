@@ -115,16 +115,8 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
             .await
             .map(|r| r.status().as_u16())
     });
-    for _ in 0..500 {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_record")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if n == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    db.until_count("SELECT count(*) FROM idempotency_record", 1)
+        .await;
     let pid = serve.child.id();
     assert!(
         Command::new("kill")

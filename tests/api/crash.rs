@@ -150,13 +150,6 @@ fn postgres_bindir() -> PathBuf {
         .expect("an initdb under /usr/lib/postgresql/*/bin")
 }
 
-async fn count(db: &TestDb, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
 /// Runs a query until the restarted server accepts connections again.
 async fn until_up(db: &TestDb) {
     for _ in 0..200 {
@@ -200,12 +193,9 @@ async fn a_database_crash_around_a_request_never_loses_or_doubles_an_order() {
                 .map(|r| r.status().as_u16())
         }
     });
-    for _ in 0..500 {
-        if count(&app.db, "idempotency_record").await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    app.db
+        .until_count("SELECT count(*) FROM idempotency_record", 1)
+        .await;
     cluster.crash();
     drop(blocker);
     let status = request.await.unwrap().expect("the server answered");
@@ -217,8 +207,8 @@ async fn a_database_crash_around_a_request_never_loses_or_doubles_an_order() {
     until_up(&app.db).await;
     assert_eq!(
         (
-            count(&app.db, "orders").await,
-            count(&app.db, "outbox_event").await
+            app.db.count("orders").await,
+            app.db.count("outbox_event").await
         ),
         (0, 0)
     );
@@ -238,8 +228,8 @@ async fn a_database_crash_around_a_request_never_loses_or_doubles_an_order() {
     until_up(&app.db).await;
     assert_eq!(
         (
-            count(&app.db, "orders").await,
-            count(&app.db, "outbox_event").await
+            app.db.count("orders").await,
+            app.db.count("outbox_event").await
         ),
         (1, 1)
     );
@@ -249,5 +239,5 @@ async fn a_database_crash_around_a_request_never_loses_or_doubles_an_order() {
         replay.header("idempotent-replayed").as_deref(),
         Some("true")
     );
-    assert_eq!(count(&app.db, "orders").await, 1);
+    assert_eq!(app.db.count("orders").await, 1);
 }

@@ -81,6 +81,91 @@ fn url_with_database(admin: &str, name: &str) -> String {
     }
 }
 
+impl TestDb {
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `sql` (a count) returns `want`; panics after a generous deadline
+    /// (moto publishes only about 100 messages a second).
+    pub async fn until_count(&self, sql: &str, want: i64) {
+        let mut last = -1;
+        for _ in 0..2400 {
+            last = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            if last == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("`{sql}` stayed at {last}, wanted {want}");
+    }
+
+    /// Leaves a PROCESSING claim on `POST /v1/orders` as a worker owning it as `owner`
+    /// would, with the lease ending `lease` (an interval) from now.
+    pub async fn insert_processing(
+        &self,
+        tenant: Uuid,
+        key: &str,
+        fingerprint: &[u8],
+        lease: &str,
+        owner: Uuid,
+    ) {
+        sqlx::query(
+            "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+             VALUES ($1, 'POST /v1/orders', $2, $3, 'PROCESSING', $4, clock_timestamp() + $5::interval, clock_timestamp())",
+        )
+        .bind(tenant)
+        .bind(key)
+        .bind(fingerprint)
+        .bind(owner)
+        .bind(lease)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// The fingerprint orderd computes for a create body.
+pub fn create_fingerprint(body: &Value) -> Vec<u8> {
+    let new = orderd::orders::NewOrder {
+        sku: body["sku"].as_str().unwrap().to_string(),
+        quantity: body["quantity"].as_i64().unwrap() as i32,
+        customer_ref: body
+            .get("customer_ref")
+            .and_then(|v| v.as_str())
+            .map(String::from),
+    };
+    orderd::api::orders::create_fingerprint(&new)
+        .as_bytes()
+        .to_vec()
+}
+
+/// `POST /v1/orders` on any orderd at `base`, from a client of its own (so it can run
+/// in a spawned task), with an optional `X-Request-Id`.
+pub async fn post_order(
+    base: &str,
+    token: &str,
+    key: &str,
+    body: &Value,
+    request_id: Option<&str>,
+) -> Response {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(body);
+    if let Some(id) = request_id {
+        request = request.header("X-Request-Id", id);
+    }
+    request.send().await.unwrap()
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
@@ -307,10 +392,7 @@ impl TestApp {
     }
 
     pub async fn count(&self, table: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap()
+        self.db.count(table).await
     }
 }
 

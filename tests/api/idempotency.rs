@@ -4,9 +4,9 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::helpers::{new_key, order_body, spawn_app, spawn_app_with};
-
-const CREATE: &str = "POST /v1/orders";
+use crate::helpers::{
+    TestApp, create_fingerprint, new_key, order_body, post_order, spawn_app, spawn_app_with,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_key_creates_the_order_and_stores_its_response() {
@@ -89,7 +89,9 @@ async fn a_processing_key_with_a_different_request_is_422() {
     let app = spawn_app().await;
     let tenant = Uuid::new_v4();
     let key = new_key();
-    insert_processing(&app, tenant, &key, &[0u8; 32], "30 seconds").await;
+    app.db
+        .insert_processing(tenant, &key, &[0u8; 32], "30 seconds", DEAD_OWNER)
+        .await;
     app.create(&app.token(tenant), &key, &order_body("SKU-1", 1))
         .await
         .assert_problem(422, "idempotency-key-reused");
@@ -102,7 +104,15 @@ async fn a_processing_key_with_a_valid_lease_answers_409_with_a_short_retry_afte
     let tenant = Uuid::new_v4();
     let key = new_key();
     let body = order_body("SKU-1", 1);
-    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "30 seconds").await;
+    app.db
+        .insert_processing(
+            tenant,
+            &key,
+            &create_fingerprint(&body),
+            "30 seconds",
+            DEAD_OWNER,
+        )
+        .await;
 
     let reply = app.create(&app.token(tenant), &key, &body).await;
     reply.assert_problem(409, "idempotency-key-in-flight");
@@ -121,7 +131,15 @@ async fn an_in_flight_twin_that_finishes_within_the_wait_is_replayed() {
     let tenant = Uuid::new_v4();
     let key = new_key();
     let body = order_body("SKU-1", 1);
-    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "30 seconds").await;
+    app.db
+        .insert_processing(
+            tenant,
+            &key,
+            &create_fingerprint(&body),
+            "30 seconds",
+            DEAD_OWNER,
+        )
+        .await;
 
     // The "owner" completes 300 ms later, while our request waits.
     let pool = app.db.pool.clone();
@@ -161,7 +179,15 @@ async fn a_processing_key_whose_lease_expired_is_taken_over_and_completed_once()
     let key = new_key();
     let body = order_body("SKU-1", 1);
     // Left behind by a worker that was killed after its claim.
-    insert_processing(&app, tenant, &key, &create_fingerprint(&body), "-1 second").await;
+    app.db
+        .insert_processing(
+            tenant,
+            &key,
+            &create_fingerprint(&body),
+            "-1 second",
+            DEAD_OWNER,
+        )
+        .await;
 
     let first = app.create(&app.token(tenant), &key, &body).await;
     assert_eq!(first.status, 201);
@@ -490,81 +516,27 @@ async fn malformed_or_missing_keys_are_refused_before_anything_is_stored() {
 
 const DEAD_OWNER: Uuid = Uuid::from_u128(0xdead);
 
-/// Leaves a PROCESSING claim as a worker would, with the lease ending `lease` from now.
-async fn insert_processing(
-    app: &crate::helpers::TestApp,
-    tenant: Uuid,
-    key: &str,
-    fingerprint: &[u8],
-    lease: &str,
-) {
-    sqlx::query(
-        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-         VALUES ($1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6::interval, clock_timestamp())",
-    )
-    .bind(tenant)
-    .bind(CREATE)
-    .bind(key)
-    .bind(fingerprint)
-    .bind(DEAD_OWNER)
-    .bind(lease)
-    .execute(&app.db.pool)
-    .await
-    .unwrap();
+/// Waits until the first request has claimed its key.
+async fn wait_for_claim(app: &TestApp) {
+    app.db
+        .until_count("SELECT count(*) FROM idempotency_record", 1)
+        .await;
 }
 
-/// The fingerprint orderd computes for a create body.
-fn create_fingerprint(body: &serde_json::Value) -> Vec<u8> {
-    let new = orderd::orders::NewOrder {
-        sku: body["sku"].as_str().unwrap().to_string(),
-        quantity: body["quantity"].as_i64().unwrap() as i32,
-        customer_ref: body
-            .get("customer_ref")
-            .and_then(|v| v.as_str())
-            .map(String::from),
-    };
-    orderd::api::orders::create_fingerprint(&new)
-        .as_bytes()
-        .to_vec()
+/// Waits until both requests are stuck on the locked `orders` table.
+async fn wait_for_owner_change(app: &TestApp) {
+    app.db
+        .until_count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO orders%'",
+            2,
+        )
+        .await;
 }
 
 async fn post(base: &str, token: &str, key: &str, body: &serde_json::Value) -> (u16, Vec<u8>) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v1/orders"))
-        .bearer_auth(token)
-        .header("Idempotency-Key", key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let response = post_order(base, token, key, body, None).await;
     (
         response.status().as_u16(),
         response.bytes().await.unwrap().to_vec(),
     )
-}
-
-async fn wait_for_claim(app: &crate::helpers::TestApp) {
-    for _ in 0..500 {
-        if app.count("idempotency_record").await == 1 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the first request never claimed its key");
-}
-
-async fn wait_for_owner_change(app: &crate::helpers::TestApp) {
-    for _ in 0..500 {
-        let blocked: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO orders%'",
-        )
-        .fetch_one(&app.db.pool)
-        .await
-        .unwrap();
-        if blocked == 2 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the second request never took the key over");
 }

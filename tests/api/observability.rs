@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::{
-    helpers::{ServeProcess, TestDb, new_key, order_body, sample},
+    helpers::{ServeProcess, TestDb, create_fingerprint, new_key, order_body, post_order, sample},
     proxy::{Mode, Proxy},
     sns::{Topic, aws_env, moto_address},
 };
@@ -17,41 +17,16 @@ use crate::{
 const CREATE: &str = r#"{endpoint="POST /v1/orders",outcome="#;
 const GRAFANA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana");
 
-async fn post(
-    base: &str,
-    token: &str,
-    key: &str,
-    body: &Value,
-    request_id: Option<&str>,
-) -> reqwest::Response {
-    let mut request = reqwest::Client::new()
-        .post(format!("{base}/v1/orders"))
-        .bearer_auth(token)
-        .header("Idempotency-Key", key)
-        .json(body);
-    if let Some(id) = request_id {
-        request = request.header("X-Request-Id", id);
-    }
-    request.send().await.unwrap()
-}
-
+/// Leaves a PROCESSING claim for `body` whose lease ends `lease` from now.
 async fn insert_processing(db: &TestDb, tenant: Uuid, key: &str, body: &Value, lease: &str) {
-    let new = orderd::orders::NewOrder {
-        sku: body["sku"].as_str().unwrap().into(),
-        quantity: body["quantity"].as_i64().unwrap() as i32,
-        customer_ref: None,
-    };
-    sqlx::query(
-        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-         VALUES ($1, 'POST /v1/orders', $2, $3, 'PROCESSING', gen_random_uuid(), clock_timestamp() + $4::interval, clock_timestamp())",
+    db.insert_processing(
+        tenant,
+        key,
+        &create_fingerprint(body),
+        lease,
+        Uuid::new_v4(),
     )
-    .bind(tenant)
-    .bind(key)
-    .bind(orderd::api::orders::create_fingerprint(&new).as_bytes())
-    .bind(lease)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,17 +55,19 @@ async fn metrics_count_each_idempotency_outcome_once_and_logs_say_who_and_how() 
     let body = order_body("MET-1", 1);
     let key = new_key();
     assert_eq!(
-        post(&serve.base, &token, &key, &body, Some("trace-me-123"))
+        post_order(&serve.base, &token, &key, &body, Some("trace-me-123"))
             .await
             .status(),
         201
     ); // created
     assert_eq!(
-        post(&serve.base, &token, &key, &body, None).await.status(),
+        post_order(&serve.base, &token, &key, &body, None)
+            .await
+            .status(),
         201
     ); // replayed
     assert_eq!(
-        post(&serve.base, &token, &key, &order_body("MET-1", 2), None)
+        post_order(&serve.base, &token, &key, &order_body("MET-1", 2), None)
             .await
             .status(),
         422
@@ -98,13 +75,15 @@ async fn metrics_count_each_idempotency_outcome_once_and_logs_say_who_and_how() 
     let busy = new_key();
     insert_processing(&db, tenant, &busy, &body, "30 seconds").await;
     assert_eq!(
-        post(&serve.base, &token, &busy, &body, None).await.status(),
+        post_order(&serve.base, &token, &busy, &body, None)
+            .await
+            .status(),
         409
     ); // in_flight
     let abandoned = new_key();
     insert_processing(&db, tenant, &abandoned, &body, "-1 second").await;
     assert_eq!(
-        post(&serve.base, &token, &abandoned, &body, None)
+        post_order(&serve.base, &token, &abandoned, &body, None)
             .await
             .status(),
         201
@@ -227,7 +206,7 @@ async fn promtool_accepts_the_live_metrics_and_the_alert_rules_and_their_unit_te
     let db = TestDb::new().await;
     let serve = ServeProcess::start(&db, &[]);
     let token = serve.token(Uuid::new_v4());
-    post(
+    post_order(
         &serve.base,
         &token,
         &new_key(),
@@ -312,6 +291,18 @@ fn alert_expressions() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Evaluates `expr` through Prometheus' HTTP API.
+async fn prom_query(client: &reqwest::Client, api: &str, expr: &str) -> Value {
+    client
+        .get(query_url(api, expr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `GET /api/v1/query?query=EXPR`, encoded.
 fn query_url(api: &str, expr: &str) -> reqwest::Url {
     reqwest::Url::parse_with_params(&format!("{api}/query"), &[("query", expr)]).unwrap()
@@ -376,10 +367,10 @@ async fn a_real_prometheus_scrapes_orderd_and_every_dashboard_and_alert_expressi
     let client = reqwest::Client::new();
     for round in 0..40 {
         let key = new_key();
-        post(&serve.base, &token, &key, &order_body("LOAD-1", 1), None).await;
-        post(&serve.base, &token, &key, &order_body("LOAD-1", 1), None).await;
+        post_order(&serve.base, &token, &key, &order_body("LOAD-1", 1), None).await;
+        post_order(&serve.base, &token, &key, &order_body("LOAD-1", 1), None).await;
         if round % 10 == 0 {
-            post(&serve.base, &token, &key, &order_body("LOAD-1", 2), None).await;
+            post_order(&serve.base, &token, &key, &order_body("LOAD-1", 2), None).await;
         }
         client
             .get(format!("{}/v1/orders", serve.base))
@@ -397,14 +388,7 @@ async fn a_real_prometheus_scrapes_orderd_and_every_dashboard_and_alert_expressi
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     for (name, expr) in dashboard_expressions() {
-        let answer: Value = client
-            .get(query_url(&api, &expr))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = prom_query(&client, &api, &expr).await;
         assert_eq!(answer["status"], "success", "{name}: {expr}: {answer}");
         assert!(
             !answer["data"]["result"].as_array().unwrap().is_empty(),
@@ -412,14 +396,7 @@ async fn a_real_prometheus_scrapes_orderd_and_every_dashboard_and_alert_expressi
         );
     }
     for (name, expr) in alert_expressions() {
-        let answer: Value = client
-            .get(query_url(&api, &expr))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = prom_query(&client, &api, &expr).await;
         assert_eq!(answer["status"], "success", "{name}: {expr}: {answer}");
     }
     let rules: Value = client
@@ -454,7 +431,7 @@ async fn outbox_gauges_rise_while_sns_is_down_and_fall_to_zero_when_it_returns()
     let token = serve.token(Uuid::new_v4());
     for _ in 0..3 {
         assert_eq!(
-            post(
+            post_order(
                 &serve.base,
                 &token,
                 &new_key(),

@@ -17,23 +17,6 @@ use crate::{
     sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
 };
 
-/// Waits until `sql` (a count) returns `want`.
-async fn until_count(db: &TestDb, sql: &str, want: i64) {
-    let mut last = -1;
-    // Generous: moto publishes only about 100 messages a second.
-    for _ in 0..2400 {
-        last = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if last == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("`{sql}` stayed at {last}, wanted {want}");
-}
-
 async fn status_counts(db: &TestDb) -> HashMap<String, i64> {
     sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM outbox_event GROUP BY status")
         .fetch_all(&db.pool)
@@ -106,12 +89,12 @@ async fn a_created_then_cancelled_order_reaches_sns_as_two_events_in_order() {
             ]
         );
     }
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-        2,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            2,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,12 +192,12 @@ async fn with_sns_down_writes_still_succeed_and_the_backlog_drains_in_order_when
     }
     println!("20 writes with SNS down took {:?}", started.elapsed());
     // Rows wait, with growing attempts and a next attempt in the future.
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PENDING' AND attempts >= 2",
-        10,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PENDING' AND attempts >= 2",
+            10,
+        )
+        .await;
     // Each order's OrderCreated is retried with backoff; its OrderCancelled waits behind
     // it untouched, so per-order order survives the outage.
     let (pending, retried, waiting): (i64, i64, i64) = sqlx::query_as(
@@ -247,12 +230,12 @@ async fn with_sns_down_writes_still_succeed_and_the_backlog_drains_in_order_when
     for id in &ids {
         assert_eq!(orders[id], ["OrderCreated", "OrderCancelled"], "order {id}");
     }
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-        20,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            20,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,12 +282,12 @@ async fn a_relay_killed_between_publishing_and_marking_redelivers_with_the_same_
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-        2,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            2,
+        )
+        .await;
     second.kill().unwrap();
     second.wait().unwrap();
 
@@ -391,8 +374,7 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
             orderd::outbox::relay::Relay::new(pool, observed.clone(), config.outbox.clone());
         relays.push(tokio::spawn(relay.run(stopped.clone())));
     }
-    until_count(
-        &db,
+    db.until_count(
         "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
         3000,
     )
@@ -450,18 +432,18 @@ async fn a_permanently_failing_event_goes_dead_at_once_while_other_orders_flow_a
     for _ in 0..3 {
         create_and_cancel(&app, &token).await;
     }
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-        6,
-    )
-    .await;
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 1",
-        1,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            6,
+        )
+        .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 1",
+            1,
+        )
+        .await;
     let error: String =
         sqlx::query_scalar("SELECT last_error FROM outbox_event WHERE status = 'DEAD'")
             .fetch_one(&app.db.pool)
@@ -523,12 +505,12 @@ async fn transient_failures_go_dead_after_the_attempt_limit_and_redrive_all_publ
         app.create(&token, &new_key(), &order_body("DEAD-1", 1))
             .await;
     }
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 3",
-        2,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 3",
+            2,
+        )
+        .await;
     let stats = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
         .args(["outbox", "stats"])
         .env("DATABASE_URL", &app.db.url)
@@ -555,12 +537,12 @@ async fn transient_failures_go_dead_after_the_attempt_limit_and_redrive_all_publ
         "re-drove 2 dead events"
     );
     assert_eq!(topic.collect(2).await.len(), 2);
-    until_count(
-        &app.db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-        3,
-    )
-    .await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            3,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,7 +587,7 @@ async fn losing_the_listener_falls_back_to_polling_and_it_reconnects() {
         "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
         app.db.name
     );
-    until_count(&app.db, &listening, 1).await;
+    app.db.until_count(&listening, 1).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
         app.db.name
@@ -621,7 +603,7 @@ async fn losing_the_listener_falls_back_to_polling_and_it_reconnects() {
         1,
         "published without the listener"
     );
-    until_count(&app.db, &listening, 1).await;
+    app.db.until_count(&listening, 1).await;
     app.create(&token, &new_key(), &order_body("LSN-2", 1))
         .await;
     assert_eq!(topic.collect(1).await.len(), 1);
