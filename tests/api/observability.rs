@@ -483,6 +483,11 @@ async fn outbox_gauges_rise_while_sns_is_down_and_fall_to_zero_when_it_returns()
         Some(3.0)
     );
     assert_eq!(topic.collect(3).await.len(), 3);
+    db.until_count(
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        3,
+    )
+    .await;
 }
 
 #[test]

@@ -123,6 +123,12 @@ async fn on_a_fifo_topic_messages_carry_group_and_deduplication_ids() {
             m.system
         );
     }
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            2,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,6 +578,12 @@ async fn a_transaction_that_commits_late_is_not_skipped() {
     let second = topic.collect(1).await;
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].body["order"]["id"], late_order.id.to_string());
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            2,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -607,6 +619,12 @@ async fn losing_the_listener_falls_back_to_polling_and_it_reconnects() {
     app.create(&token, &new_key(), &order_body("LSN-2", 1))
         .await;
     assert_eq!(topic.collect(1).await.len(), 1);
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            2,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
