@@ -1,4 +1,7 @@
-//! JWT verification and dev-token minting (contract section 2).
+//! JWT verification and dev-token minting (docs/contract.md, "Authentication").
+//!
+//! Transport-neutral: verification answers a [`Principal`] or an [`AuthError`]; the
+//! REST API and the MCP endpoint turn the error into their 401/403.
 //!
 //! The accepted algorithm is decided by which key is configured, never by the token:
 //! HS256 only with a shared secret, RS256 only with an RSA public key, ES256 only with
@@ -13,7 +16,7 @@ use uuid::Uuid;
 
 use crate::{
     config::{ConfigError, JwtConfig, Secret},
-    problem::{Kind, Problem},
+    tenant::TenantId,
 };
 
 /// Scope needed by every write.
@@ -21,9 +24,16 @@ pub const SCOPE_WRITE: &str = "orders:write";
 /// Scope needed by every read.
 pub const SCOPE_READ: &str = "orders:read";
 
-/// The tenant every read and write is scoped to; only a verified token yields one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub struct TenantId(pub Uuid);
+/// Why a request was not authenticated (401) or not authorised (403).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// 401: the message says what is wrong with the token, never what was expected.
+    #[error("{0}")]
+    InvalidToken(&'static str),
+    /// 403: a valid token without the scope the operation needs.
+    #[error("this operation needs the `{0}` scope")]
+    MissingScope(&'static str),
+}
 
 /// Who is calling: the verified claims that the rest of the service relies on.
 #[derive(Debug, Clone)]
@@ -35,13 +45,12 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// 403 unless the token carries `scope`.
-    pub fn require(&self, scope: &str) -> Result<(), Problem> {
+    /// [`AuthError::MissingScope`] unless the token carries `scope`.
+    pub fn require(&self, scope: &'static str) -> Result<(), AuthError> {
         if self.scopes.contains(scope) {
             Ok(())
         } else {
-            Err(Problem::new(Kind::Forbidden)
-                .with_detail(format!("this operation needs the `{scope}` scope")))
+            Err(AuthError::MissingScope(scope))
         }
     }
 }
@@ -114,16 +123,16 @@ impl Verifier {
         })
     }
 
-    /// Verifies `token` and returns the caller, or a 401 problem saying why not.
-    pub fn verify(&self, token: &str) -> Result<Principal, Problem> {
+    /// Verifies `token` and returns the caller, or why not.
+    pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| {
-            Problem::unauthorized("the token is malformed or uses an unsupported algorithm")
+            AuthError::InvalidToken("the token is malformed or uses an unsupported algorithm")
         })?;
         let key = match (header.alg, &self.hs256, &self.public) {
             (Algorithm::HS256, Some(key), _) => key,
             (alg, _, Some((allowed, key))) if alg == *allowed => key,
             _ => {
-                return Err(Problem::unauthorized(
+                return Err(AuthError::InvalidToken(
                     "the token's algorithm is not accepted",
                 ));
             }
@@ -158,7 +167,7 @@ impl Verifier {
                 }
                 _ => "the token is invalid",
             };
-            Problem::unauthorized(why)
+            AuthError::InvalidToken(why)
         })?;
         let claims = data.claims;
         Ok(Principal {
@@ -234,7 +243,10 @@ mod tests {
         let p = v.verify(&token).unwrap();
         assert_eq!(p.tenant, TenantId(tenant));
         assert!(p.require(SCOPE_WRITE).is_ok() && p.require(SCOPE_READ).is_ok());
-        assert_eq!(p.require("admin").unwrap_err().kind, Kind::Forbidden);
+        assert_eq!(
+            p.require("admin").unwrap_err(),
+            AuthError::MissingScope("admin")
+        );
     }
 
     #[test]

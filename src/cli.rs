@@ -1,9 +1,19 @@
-//! The `orderd` command line (contract section 1).
+//! The `orderd` command line: the subcommands and what each one does.
+//!
+//! The long-running commands are composed in `app`; the one-shot commands are small
+//! enough to live here, each in a function of its own.
 
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use uuid::Uuid;
+
+use crate::{
+    api, app, auth,
+    config::{Config, JwtConfig},
+    db, outbox, retention, telemetry,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,7 +34,7 @@ pub enum Command {
     Relay,
     /// Apply pending migrations and exit.
     Migrate,
-    /// Run one pass of the idempotency retention purge and exit.
+    /// Run one pass of the idempotency retention purge (expired keys, abandoned claims) and exit.
     Purge,
     /// Mint a development JWT signed with ORDERD_JWT_HS256_SECRET; prints only the token.
     Token {
@@ -72,6 +82,94 @@ pub enum OutboxCommand {
     Stats,
 }
 
+/// Runs one subcommand to completion.
+pub async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve => app::serve(configured()?).await,
+        Command::Relay => app::relay(configured()?).await,
+        Command::Migrate => migrate(configured()?).await,
+        Command::Purge => purge(configured()?).await,
+        Command::Outbox { command } => outbox_command(configured()?, command).await,
+        Command::Token {
+            tenant,
+            scope,
+            ttl,
+            sub,
+        } => token(tenant, &scope, ttl, &sub),
+        Command::Openapi { yaml } => {
+            let service = api::service();
+            print!(
+                "{}",
+                if yaml {
+                    service.spec_yaml()
+                } else {
+                    service.spec()
+                }
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The whole configuration, with logging set up as it asks.
+fn configured() -> anyhow::Result<Config> {
+    let config = Config::from_env()?;
+    telemetry::init(config.log_json);
+    Ok(config)
+}
+
+async fn migrate(config: Config) -> anyhow::Result<()> {
+    let pool = db::pool_of_size(&config, 2).await?;
+    db::MIGRATOR.run(&pool).await.context("migrations failed")?;
+    tracing::info!("migrations applied");
+    Ok(())
+}
+
+async fn purge(config: Config) -> anyhow::Result<()> {
+    let pool = db::pool_of_size(&config, 2).await?;
+    let report = retention::purge_idempotency_once(&pool, retention::PURGE_BATCH).await?;
+    println!(
+        "purged {} expired keys and {} abandoned claims",
+        report.expired_keys, report.abandoned_claims
+    );
+    Ok(())
+}
+
+async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Result<()> {
+    let pool = db::pool_of_size(&config, 2).await?;
+    match command {
+        OutboxCommand::Redrive { id: Some(id), .. } => {
+            let n = outbox::store::redrive_one(&pool, id).await?;
+            println!("re-drove {n} dead events");
+        }
+        OutboxCommand::Redrive { id: None, .. } => {
+            let n = outbox::store::redrive_all_dead(&pool).await?;
+            println!("re-drove {n} dead events");
+        }
+        OutboxCommand::Stats => {
+            let stats = outbox::store::stats(&pool).await?;
+            println!("pending {}", stats.pending);
+            println!(
+                "oldest_pending_age_seconds {:.3}",
+                stats.oldest_pending_age_secs
+            );
+            println!("dead {}", stats.dead);
+        }
+    }
+    Ok(())
+}
+
+/// Mints a dev token: needs only the JWT settings, no database.
+fn token(tenant: Uuid, scope: &str, ttl: Duration, sub: &str) -> anyhow::Result<()> {
+    let jwt = JwtConfig::from_env()?;
+    let secret = jwt
+        .hs256_secret
+        .context("ORDERD_JWT_HS256_SECRET must be set to mint a token")?;
+    let token = auth::mint_hs256(&secret, tenant, sub, scope, ttl, jwt.issuer, jwt.audience)?;
+    println!("{token}");
+    Ok(())
+}
+
 /// Parses `<number><s|m|h|d>` (a bare number is seconds).
 pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -82,13 +180,17 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     let n: u64 = digits
         .parse()
         .map_err(|_| format!("`{text}` is not a duration like 90s, 15m, 1h or 7d"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
+    let unit_secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
         _ => return Err(format!("`{text}`: the unit must be s, m, h or d")),
     };
+    let secs = n
+        .checked_mul(unit_secs)
+        .filter(|&s| s <= 366 * 86_400)
+        .ok_or_else(|| format!("`{text}`: at most a year"))?;
     if secs == 0 {
         return Err("the lifetime must be positive".into());
     }

@@ -1,10 +1,273 @@
-//! Typed settings read from the environment (contract section 1).
+//! Typed settings read from the environment.
 //!
-//! Every setting is parsed once at start-up; a missing or malformed value stops the
-//! process with one line naming the variable. Secrets are wrapped in [`Secret`] so that
-//! no `Debug` or log line can print them.
+//! One table, [`SETTINGS`], names every variable with its default, its bounds and its
+//! meaning. Parsing reads defaults and bounds from that table, and the README's
+//! configuration table is generated from it (a test compares them), so each default is
+//! written exactly once. A missing, malformed or out-of-range value stops the process
+//! at start with one line naming the variable; secrets are wrapped in [`Secret`] so no
+//! `Debug` output or log line can print them.
+//!
+//! This module is a leaf: it imports nothing from the rest of the crate.
 
 use std::{fmt, net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+
+/// What values a setting takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// Free text.
+    Text,
+    /// Free text that must never be printed.
+    Secret,
+    /// `on`/`off` (also `true`/`false`, `1`/`0`, `yes`/`no`).
+    Switch,
+    /// `host:port`, or `:port` for loopback.
+    Bind,
+    /// A whole number within the bounds (inclusive).
+    Number { min: u64, max: u64 },
+    /// One of a fixed list of words.
+    Choice(&'static [&'static str]),
+}
+
+/// One environment variable.
+#[derive(Debug)]
+pub struct Setting {
+    pub name: &'static str,
+    /// The value used when the variable is unset or empty; `None`: no value.
+    pub default: Option<&'static str>,
+    pub kind: Kind,
+    pub meaning: &'static str,
+}
+
+macro_rules! setting {
+    ($id:ident, $name:literal, $default:expr, $kind:expr, $meaning:literal) => {
+        pub const $id: Setting = Setting {
+            name: $name,
+            default: $default,
+            kind: $kind,
+            meaning: $meaning,
+        };
+    };
+}
+
+const fn range(min: u64, max: u64) -> Kind {
+    Kind::Number { min, max }
+}
+
+setting!(
+    DATABASE_URL,
+    "DATABASE_URL",
+    None,
+    Kind::Secret,
+    "PostgreSQL 14+ connection string (required)"
+);
+setting!(
+    BIND,
+    "ORDERD_BIND",
+    Some("127.0.0.1:8080"),
+    Kind::Bind,
+    "HTTP listen address; `:0` picks a free loopback port (the bound address is logged)"
+);
+setting!(
+    MIGRATE,
+    "ORDERD_MIGRATE",
+    Some("on"),
+    Kind::Switch,
+    "`serve` applies pending migrations at start"
+);
+setting!(
+    JWT_HS256_SECRET,
+    "ORDERD_JWT_HS256_SECRET",
+    None,
+    Kind::Secret,
+    "HS256 shared secret (at least 16 characters)"
+);
+setting!(
+    JWT_PUBLIC_KEY_FILE,
+    "ORDERD_JWT_PUBLIC_KEY_FILE",
+    None,
+    Kind::Text,
+    "PEM public key file: an RSA key allows RS256, an EC key ES256"
+);
+setting!(
+    JWT_ISSUER,
+    "ORDERD_JWT_ISSUER",
+    None,
+    Kind::Text,
+    "when set, a token's `iss` must match"
+);
+setting!(
+    JWT_AUDIENCE,
+    "ORDERD_JWT_AUDIENCE",
+    None,
+    Kind::Text,
+    "when set, a token's `aud` must match"
+);
+setting!(
+    IDEMPOTENCY_TTL_SECS,
+    "ORDERD_IDEMPOTENCY_TTL_SECS",
+    Some("86400"),
+    range(1, 31_536_000),
+    "how long a completed key is remembered after completion"
+);
+setting!(
+    LEASE_SECS,
+    "ORDERD_LEASE_SECS",
+    Some("30"),
+    range(1, 3600),
+    "how long a PROCESSING claim is owned before another request may take it over"
+);
+setting!(
+    INFLIGHT_WAIT_MS,
+    "ORDERD_INFLIGHT_WAIT_MS",
+    Some("200"),
+    range(0, 10_000),
+    "how long a duplicate of an in-flight request waits for it before answering 409"
+);
+setting!(
+    PURGE_INTERVAL_SECS,
+    "ORDERD_PURGE_INTERVAL_SECS",
+    Some("60"),
+    range(1, 86_400),
+    "how often the retention purges run"
+);
+setting!(
+    DB_POOL_SIZE,
+    "ORDERD_DB_POOL_SIZE",
+    Some("16"),
+    range(1, 1000),
+    "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN)"
+);
+setting!(
+    LOG_FORMAT,
+    "ORDERD_LOG_FORMAT",
+    Some("text"),
+    Kind::Choice(&["text", "json"]),
+    "`json` for one JSON object per log line"
+);
+setting!(
+    RELAY,
+    "ORDERD_RELAY",
+    Some("on"),
+    Kind::Switch,
+    "`off`: `serve` runs no relay (run `orderd relay` elsewhere)"
+);
+setting!(
+    SNS_TOPIC_ARN,
+    "ORDERD_SNS_TOPIC_ARN",
+    None,
+    Kind::Text,
+    "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids"
+);
+setting!(
+    OUTBOX_BATCH_SIZE,
+    "ORDERD_OUTBOX_BATCH_SIZE",
+    Some("100"),
+    range(1, 1000),
+    "events claimed per relay round"
+);
+setting!(
+    OUTBOX_POLL_MS,
+    "ORDERD_OUTBOX_POLL_MS",
+    Some("1000"),
+    range(1, 60_000),
+    "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)"
+);
+setting!(
+    OUTBOX_MAX_ATTEMPTS,
+    "ORDERD_OUTBOX_MAX_ATTEMPTS",
+    Some("10"),
+    range(1, 1000),
+    "failed publishes before an event is DEAD (a permanent error: at once)"
+);
+setting!(
+    OUTBOX_BACKOFF_INITIAL_MS,
+    "ORDERD_OUTBOX_BACKOFF_INITIAL_MS",
+    Some("2000"),
+    range(1, 3_600_000),
+    "first retry delay; doubles per failure, with jitter"
+);
+setting!(
+    OUTBOX_BACKOFF_MAX_MS,
+    "ORDERD_OUTBOX_BACKOFF_MAX_MS",
+    Some("60000"),
+    range(1, 86_400_000),
+    "longest retry delay (not below the initial one)"
+);
+setting!(
+    OUTBOX_PUBLISH_TIMEOUT_MS,
+    "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS",
+    Some("10000"),
+    range(100, 120_000),
+    "bound on one SNS call"
+);
+setting!(
+    OUTBOX_RETENTION_SECS,
+    "ORDERD_OUTBOX_RETENTION_SECS",
+    Some("86400"),
+    range(1, 31_536_000),
+    "how long published events are kept before the purge deletes them"
+);
+setting!(
+    METRICS_BIND,
+    "ORDERD_METRICS_BIND",
+    Some("127.0.0.1:9091"),
+    Kind::Bind,
+    "where `orderd relay` serves `/metrics` and `/healthz`"
+);
+
+/// Every setting, in the order the README lists them.
+pub const SETTINGS: &[&Setting] = &[
+    &DATABASE_URL,
+    &BIND,
+    &MIGRATE,
+    &JWT_HS256_SECRET,
+    &JWT_PUBLIC_KEY_FILE,
+    &JWT_ISSUER,
+    &JWT_AUDIENCE,
+    &IDEMPOTENCY_TTL_SECS,
+    &LEASE_SECS,
+    &INFLIGHT_WAIT_MS,
+    &PURGE_INTERVAL_SECS,
+    &DB_POOL_SIZE,
+    &LOG_FORMAT,
+    &RELAY,
+    &SNS_TOPIC_ARN,
+    &OUTBOX_BATCH_SIZE,
+    &OUTBOX_POLL_MS,
+    &OUTBOX_MAX_ATTEMPTS,
+    &OUTBOX_BACKOFF_INITIAL_MS,
+    &OUTBOX_BACKOFF_MAX_MS,
+    &OUTBOX_PUBLISH_TIMEOUT_MS,
+    &OUTBOX_RETENTION_SECS,
+    &METRICS_BIND,
+];
+
+/// The README's configuration table, generated from [`SETTINGS`].
+pub fn markdown_table() -> String {
+    let mut out = String::from("| variable | default | range | meaning |\n|---|---|---|---|\n");
+    for s in SETTINGS {
+        let default = match s.default {
+            Some(d) => format!("`{d}`"),
+            None => "none".into(),
+        };
+        let range = match s.kind {
+            Kind::Number { min, max } => format!("{min} to {max}"),
+            Kind::Switch => "`on`, `off`".into(),
+            Kind::Choice(words) => words
+                .iter()
+                .map(|w| format!("`{w}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Kind::Bind => "`host:port`".into(),
+            Kind::Text | Kind::Secret => String::new(),
+        };
+        out.push_str(&format!(
+            "| `{}` | {default} | {range} | {} |\n",
+            s.name, s.meaning
+        ));
+    }
+    out
+}
 
 /// A value that must never reach a log line.
 #[derive(Clone)]
@@ -50,23 +313,24 @@ pub struct JwtConfig {
 impl JwtConfig {
     /// The JWT settings alone: `orderd token` needs them without a database.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(&|name| std::env::var(name).ok())
     }
 
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env(&lookup);
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env(lookup);
         let jwt = JwtConfig {
-            hs256_secret: env.string("ORDERD_JWT_HS256_SECRET").map(Secret::new),
-            public_key_file: env.string("ORDERD_JWT_PUBLIC_KEY_FILE").map(PathBuf::from),
-            issuer: env.string("ORDERD_JWT_ISSUER"),
-            audience: env.string("ORDERD_JWT_AUDIENCE"),
+            hs256_secret: env.text(&JWT_HS256_SECRET).map(Secret::new),
+            public_key_file: env.text(&JWT_PUBLIC_KEY_FILE).map(PathBuf::from),
+            issuer: env.text(&JWT_ISSUER),
+            audience: env.text(&JWT_AUDIENCE),
         };
         if let Some(secret) = &jwt.hs256_secret
             && secret.expose().len() < 16
         {
-            return Err(ConfigError(
-                "ORDERD_JWT_HS256_SECRET is too short: use at least 16 characters".into(),
-            ));
+            return Err(ConfigError::new(format!(
+                "{} is too short: use at least 16 characters",
+                JWT_HS256_SECRET.name
+            )));
         }
         Ok(jwt)
     }
@@ -83,58 +347,20 @@ pub struct IdempotencyConfig {
     pub inflight_wait: Duration,
 }
 
-impl Default for IdempotencyConfig {
-    fn default() -> Self {
-        Self {
-            ttl: Duration::from_secs(86_400),
-            lease: Duration::from_secs(30),
-            inflight_wait: Duration::from_millis(200),
-        }
-    }
-}
-
-/// Settings of the outbox relay (used by the relay; parsed here so a typo fails at start).
+/// Settings of the outbox relay (parsed here so that a typo fails at start).
 #[derive(Clone, Debug)]
 pub struct OutboxConfig {
-    pub relay_enabled: bool,
+    /// Where the relay publishes; checked where a relay runs ([`Config::relay_topic`]).
     pub sns_topic_arn: Option<String>,
     pub batch_size: u32,
     pub poll: Duration,
     pub max_attempts: u32,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Bound on one SNS call (`ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS`).
+    /// Bound on one SNS call.
     pub publish_timeout: Duration,
-    /// How long published rows are kept before the purge deletes them
-    /// (`ORDERD_OUTBOX_RETENTION_SECS`).
+    /// How long published rows are kept before the purge deletes them.
     pub retention: Duration,
-}
-
-impl OutboxConfig {
-    /// The topic, which a running relay cannot do without.
-    pub fn topic_arn(&self) -> Result<&str, ConfigError> {
-        self.sns_topic_arn.as_deref().ok_or_else(|| {
-            ConfigError::new(
-                "ORDERD_SNS_TOPIC_ARN is required to run the relay (or set ORDERD_RELAY=off)",
-            )
-        })
-    }
-}
-
-impl Default for OutboxConfig {
-    fn default() -> Self {
-        Self {
-            relay_enabled: true,
-            sns_topic_arn: None,
-            batch_size: 100,
-            poll: Duration::from_millis(1000),
-            max_attempts: 10,
-            backoff_initial: Duration::from_millis(2000),
-            backoff_max: Duration::from_millis(60_000),
-            publish_timeout: Duration::from_millis(10_000),
-            retention: Duration::from_secs(86_400),
-        }
-    }
 }
 
 /// Everything `orderd` reads from its environment.
@@ -145,129 +371,79 @@ pub struct Config {
     pub migrate_on_start: bool,
     pub jwt: JwtConfig,
     pub idempotency: IdempotencyConfig,
+    /// Whether `serve` runs a relay in process.
+    pub relay_in_serve: bool,
     pub outbox: OutboxConfig,
     /// `json` or `text` log lines.
     pub log_json: bool,
-    /// Connections in the pool (`ORDERD_DB_POOL_SIZE`, default 16).
+    /// Connections of the process's one pool.
     pub db_pool_size: u32,
-    /// How often `serve` runs the retention purge (`ORDERD_PURGE_INTERVAL_SECS`, default 60).
+    /// How often the retention purges run.
     pub purge_interval: Duration,
-    /// Where `orderd relay` serves `/metrics` (`ORDERD_METRICS_BIND`, default 127.0.0.1:9091).
+    /// Where `orderd relay` serves `/metrics`.
     pub metrics_bind: String,
 }
 
 impl Config {
     /// Reads the process environment (after `.env`, if any, was loaded by `main`).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(&|name| std::env::var(name).ok())
     }
 
     /// Reads settings through `lookup`, so tests can build a configuration without
     /// touching the process environment.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env(&lookup);
-        let database_url = env.string("DATABASE_URL").ok_or_else(|| {
-            ConfigError("DATABASE_URL is required (a PostgreSQL connection string)".into())
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env(lookup);
+        let database_url = env.text(&DATABASE_URL).ok_or_else(|| {
+            ConfigError::new("DATABASE_URL is required (a PostgreSQL connection string)")
         })?;
-        let bind = env
-            .string("ORDERD_BIND")
-            .unwrap_or_else(|| "127.0.0.1:8080".into());
-        validate_bind("ORDERD_BIND", &bind)?;
-        let defaults_idem = IdempotencyConfig::default();
-        let defaults_outbox = OutboxConfig::default();
-        let jwt = JwtConfig::from_lookup(&lookup)?;
         let config = Config {
             database_url: Secret::new(database_url),
-            bind,
-            migrate_on_start: env.switch("ORDERD_MIGRATE", true)?,
-            jwt,
+            bind: env.bind(&BIND)?,
+            migrate_on_start: env.switch(&MIGRATE)?,
+            jwt: JwtConfig::from_lookup(lookup)?,
             idempotency: IdempotencyConfig {
-                ttl: Duration::from_secs(env.number(
-                    "ORDERD_IDEMPOTENCY_TTL_SECS",
-                    defaults_idem.ttl.as_secs(),
-                    1,
-                )?),
-                lease: Duration::from_secs(env.number(
-                    "ORDERD_LEASE_SECS",
-                    defaults_idem.lease.as_secs(),
-                    1,
-                )?),
-                inflight_wait: Duration::from_millis(env.number(
-                    "ORDERD_INFLIGHT_WAIT_MS",
-                    defaults_idem.inflight_wait.as_millis() as u64,
-                    0,
-                )?),
+                ttl: env.secs(&IDEMPOTENCY_TTL_SECS)?,
+                lease: env.secs(&LEASE_SECS)?,
+                inflight_wait: env.millis(&INFLIGHT_WAIT_MS)?,
             },
+            relay_in_serve: env.switch(&RELAY)?,
             outbox: OutboxConfig {
-                relay_enabled: env.switch("ORDERD_RELAY", true)?,
-                sns_topic_arn: env.string("ORDERD_SNS_TOPIC_ARN"),
-                batch_size: env.number(
-                    "ORDERD_OUTBOX_BATCH_SIZE",
-                    defaults_outbox.batch_size,
-                    1,
-                )?,
-                poll: Duration::from_millis(env.number("ORDERD_OUTBOX_POLL_MS", 1000, 1)?),
-                max_attempts: env.number(
-                    "ORDERD_OUTBOX_MAX_ATTEMPTS",
-                    defaults_outbox.max_attempts,
-                    1,
-                )?,
-                backoff_initial: Duration::from_millis(env.number(
-                    "ORDERD_OUTBOX_BACKOFF_INITIAL_MS",
-                    2000,
-                    1,
-                )?),
-                backoff_max: Duration::from_millis(env.number(
-                    "ORDERD_OUTBOX_BACKOFF_MAX_MS",
-                    60_000,
-                    1,
-                )?),
-                publish_timeout: Duration::from_millis(env.number(
-                    "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS",
-                    10_000,
-                    100,
-                )?),
-                retention: Duration::from_secs(env.number(
-                    "ORDERD_OUTBOX_RETENTION_SECS",
-                    86_400,
-                    1,
-                )?),
+                sns_topic_arn: env.text(&SNS_TOPIC_ARN),
+                batch_size: env.number(&OUTBOX_BATCH_SIZE)? as u32,
+                poll: env.millis(&OUTBOX_POLL_MS)?,
+                max_attempts: env.number(&OUTBOX_MAX_ATTEMPTS)? as u32,
+                backoff_initial: env.millis(&OUTBOX_BACKOFF_INITIAL_MS)?,
+                backoff_max: env.millis(&OUTBOX_BACKOFF_MAX_MS)?,
+                publish_timeout: env.millis(&OUTBOX_PUBLISH_TIMEOUT_MS)?,
+                retention: env.secs(&OUTBOX_RETENTION_SECS)?,
             },
-            log_json: match env.string("ORDERD_LOG_FORMAT").as_deref() {
-                None | Some("text") => false,
-                Some("json") => true,
-                Some(other) => {
-                    return Err(ConfigError(format!(
-                        "ORDERD_LOG_FORMAT must be `text` or `json`, not `{other}`"
-                    )));
-                }
-            },
-            db_pool_size: env.number("ORDERD_DB_POOL_SIZE", 16, 1)?,
-            purge_interval: Duration::from_secs(env.number("ORDERD_PURGE_INTERVAL_SECS", 60, 1)?),
-            metrics_bind: env
-                .string("ORDERD_METRICS_BIND")
-                .unwrap_or_else(|| "127.0.0.1:9091".into()),
+            log_json: env.choice(&LOG_FORMAT)? == "json",
+            db_pool_size: env.number(&DB_POOL_SIZE)? as u32,
+            purge_interval: env.secs(&PURGE_INTERVAL_SECS)?,
+            metrics_bind: env.bind(&METRICS_BIND)?,
         };
-        validate_bind("ORDERD_METRICS_BIND", &config.metrics_bind)?;
         if config.outbox.backoff_max < config.outbox.backoff_initial {
-            return Err(ConfigError(
-                "ORDERD_OUTBOX_BACKOFF_MAX_MS must not be below ORDERD_OUTBOX_BACKOFF_INITIAL_MS"
-                    .into(),
-            ));
+            return Err(ConfigError::new(format!(
+                "{} must not be below {}",
+                OUTBOX_BACKOFF_MAX_MS.name, OUTBOX_BACKOFF_INITIAL_MS.name
+            )));
         }
         Ok(config)
     }
+
+    /// The topic a relay publishes to: required wherever a relay runs.
+    pub fn relay_topic(&self) -> Result<&str, ConfigError> {
+        self.outbox.sns_topic_arn.as_deref().ok_or_else(|| {
+            ConfigError::new(format!(
+                "{} is required to run the relay (or set {}=off)",
+                SNS_TOPIC_ARN.name, RELAY.name
+            ))
+        })
+    }
 }
 
-/// Checks a listen address from the variable `name`.
-fn validate_bind(name: &str, bind: &str) -> Result<(), ConfigError> {
-    SocketAddr::from_str(&bind_address(bind))
-        .map(|_| ())
-        .map_err(|_| ConfigError(format!("{name} must be host:port, not `{bind}`")))
-}
-
-/// The listen address with the `:PORT` shorthand ("any free port on loopback" for
-/// `:0`) expanded.
+/// The listen address with the `:PORT` shorthand ("that port on loopback") expanded.
 pub fn bind_address(bind: &str) -> String {
     if bind.starts_with(':') {
         format!("127.0.0.1{bind}")
@@ -276,42 +452,73 @@ pub fn bind_address(bind: &str) -> String {
     }
 }
 
+/// Reads settings through a lookup function, applying each setting's default and kind.
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
 
 impl Env<'_> {
-    /// A set, non-empty value.
-    fn string(&self, name: &str) -> Option<String> {
-        (self.0)(name)
+    /// The set, non-empty value, else the default.
+    fn text(&self, s: &Setting) -> Option<String> {
+        (self.0)(s.name)
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
+            .or_else(|| s.default.map(String::from))
     }
 
-    fn number<T>(&self, name: &str, default: T, min: T) -> Result<T, ConfigError>
-    where
-        T: FromStr + PartialOrd + fmt::Display + Copy,
-    {
-        match self.string(name) {
-            None => Ok(default),
-            Some(raw) => match raw.parse::<T>() {
-                Ok(v) if v >= min => Ok(v),
-                _ => Err(ConfigError(format!(
-                    "{name} must be a whole number of at least {min}, not `{raw}`"
-                ))),
-            },
+    fn number(&self, s: &Setting) -> Result<u64, ConfigError> {
+        let Kind::Number { min, max } = s.kind else {
+            unreachable!("{} is not a number setting", s.name)
+        };
+        let raw = self.text(s).unwrap_or_default();
+        match raw.parse::<u64>() {
+            Ok(v) if (min..=max).contains(&v) => Ok(v),
+            _ => Err(ConfigError::new(format!(
+                "{} must be a whole number from {min} to {max}, not `{raw}`",
+                s.name
+            ))),
         }
     }
 
-    fn switch(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
-        match self.string(name).map(|v| v.to_ascii_lowercase()) {
-            None => Ok(default),
-            Some(v) => match v.as_str() {
-                "on" | "true" | "1" | "yes" => Ok(true),
-                "off" | "false" | "0" | "no" => Ok(false),
-                _ => Err(ConfigError(format!(
-                    "{name} must be `on` or `off`, not `{v}`"
-                ))),
-            },
+    fn millis(&self, s: &Setting) -> Result<Duration, ConfigError> {
+        self.number(s).map(Duration::from_millis)
+    }
+
+    fn secs(&self, s: &Setting) -> Result<Duration, ConfigError> {
+        self.number(s).map(Duration::from_secs)
+    }
+
+    fn switch(&self, s: &Setting) -> Result<bool, ConfigError> {
+        let value = self.text(s).unwrap_or_default().to_ascii_lowercase();
+        match value.as_str() {
+            "on" | "true" | "1" | "yes" => Ok(true),
+            "off" | "false" | "0" | "no" => Ok(false),
+            _ => Err(ConfigError::new(format!(
+                "{} must be `on` or `off`, not `{value}`",
+                s.name
+            ))),
         }
+    }
+
+    fn choice(&self, s: &Setting) -> Result<String, ConfigError> {
+        let Kind::Choice(words) = s.kind else {
+            unreachable!("{} is not a choice setting", s.name)
+        };
+        let value = self.text(s).unwrap_or_default();
+        if words.contains(&value.as_str()) {
+            Ok(value)
+        } else {
+            Err(ConfigError::new(format!(
+                "{} must be one of {}, not `{value}`",
+                s.name,
+                words.join(", ")
+            )))
+        }
+    }
+
+    fn bind(&self, s: &Setting) -> Result<String, ConfigError> {
+        let value = self.text(s).unwrap_or_default();
+        SocketAddr::from_str(&bind_address(&value))
+            .map(|_| value.clone())
+            .map_err(|_| ConfigError::new(format!("{} must be host:port, not `{value}`", s.name)))
     }
 }
 
@@ -325,11 +532,11 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Config::from_lookup(|name| map.get(name).cloned())
+        Config::from_lookup(&|name| map.get(name).cloned())
     }
 
     #[test]
-    fn defaults_follow_the_contract() {
+    fn defaults_come_from_the_table() {
         let c = config(&[("DATABASE_URL", "postgres://x")]).unwrap();
         assert_eq!(c.bind, "127.0.0.1:8080");
         assert_eq!(c.idempotency.ttl, Duration::from_secs(86_400));
@@ -337,7 +544,20 @@ mod tests {
         assert_eq!(c.idempotency.inflight_wait, Duration::from_millis(200));
         assert_eq!(c.outbox.batch_size, 100);
         assert_eq!(c.outbox.max_attempts, 10);
-        assert!(c.outbox.relay_enabled && c.migrate_on_start);
+        assert_eq!(c.db_pool_size, 16);
+        assert!(c.relay_in_serve && c.migrate_on_start && !c.log_json);
+    }
+
+    #[test]
+    fn every_default_is_valid_for_its_own_kind() {
+        // Parsing with only the required variable set exercises every default above;
+        // this checks the ones that parse lazily (none today) cannot drift either.
+        for s in SETTINGS {
+            if let (Some(default), Kind::Number { min, max }) = (s.default, s.kind) {
+                let v: u64 = default.parse().unwrap();
+                assert!((min..=max).contains(&v), "{}", s.name);
+            }
+        }
     }
 
     #[test]
@@ -347,23 +567,27 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_number_names_the_variable() {
-        let err = config(&[("DATABASE_URL", "x"), ("ORDERD_LEASE_SECS", "soon")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("ORDERD_LEASE_SECS"), "{err}");
+    fn malformed_and_out_of_range_numbers_name_the_variable() {
+        for bad in ["soon", "0", "3601", "-1", "18446744073709551616"] {
+            let err = config(&[("DATABASE_URL", "x"), ("ORDERD_LEASE_SECS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("ORDERD_LEASE_SECS"), "{err}");
+        }
     }
 
     #[test]
-    fn a_malformed_switch_or_bind_names_the_variable() {
-        let err = config(&[("DATABASE_URL", "x"), ("ORDERD_RELAY", "maybe")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("ORDERD_RELAY"), "{err}");
-        let err = config(&[("DATABASE_URL", "x"), ("ORDERD_BIND", "nowhere")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("ORDERD_BIND"), "{err}");
+    fn a_malformed_switch_choice_or_bind_names_the_variable() {
+        for (name, bad) in [
+            ("ORDERD_RELAY", "maybe"),
+            ("ORDERD_BIND", "nowhere"),
+            ("ORDERD_LOG_FORMAT", "xml"),
+        ] {
+            let err = config(&[("DATABASE_URL", "x"), (name, bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(name), "{err}");
+        }
         assert!(config(&[("DATABASE_URL", "x"), ("ORDERD_BIND", ":0")]).is_ok());
     }
 
@@ -379,5 +603,13 @@ mod tests {
             !printed.contains("very-secret-value-123") && !printed.contains("pw@h"),
             "{printed}"
         );
+    }
+
+    #[test]
+    fn the_markdown_table_lists_every_setting_once() {
+        let table = markdown_table();
+        for s in SETTINGS {
+            assert_eq!(table.matches(&format!("| `{}` |", s.name)).count(), 1);
+        }
     }
 }

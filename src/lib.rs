@@ -1,31 +1,38 @@
 //! orderd: a multi-tenant order service whose writes are idempotent and whose changes
 //! reach SNS through a transactional outbox.
+//!
+//! Modules from the top down (`docs/architecture.md`; a test keeps imports pointing
+//! down): `cli` and `app` compose; `api` is HTTP; `idempotency`, `orders` and
+//! `outbox` are the core; `auth`, `retention`, `supervisor` serve them; `db`,
+//! `telemetry`, `tenant`, `metrics` and `config` are leaves or near-leaves.
 
-/// The HTTP API (poem-openapi): parsing, authentication, problem mapping.
+/// The HTTP surface: REST API, spec, problem mapping, probes, `/metrics`.
 pub mod api;
-/// Assembling and running the HTTP application with graceful shutdown.
+/// Composition of the long-running processes.
 pub mod app;
 /// JWT verification and dev-token minting.
 pub mod auth;
-/// The command line.
+/// The command line and the one-shot commands.
 pub mod cli;
-/// Typed settings from the environment.
+/// Typed settings from the environment, from one table.
 pub mod config;
-/// Connection pool and embedded migrations.
+/// The connection pool and embedded migrations.
 pub mod db;
-/// The idempotency guard: claim, lease, takeover, fenced completion, replay.
+/// The idempotency core: claim, lease, takeover, fenced completion, replay.
 pub mod idempotency;
-/// Retention purge of idempotency records.
-pub mod maintenance;
-/// Prometheus metric names, help texts and recording.
+/// Prometheus metric names, typed labels and recording.
 pub mod metrics;
 /// Orders: domain types and SQL.
 pub mod orders;
-/// The transactional outbox.
+/// The transactional outbox: event format, writer, relay, SNS publisher.
 pub mod outbox;
-/// The one error type, rendered as problem+json.
-pub mod problem;
-/// Logging and outcome recording.
+/// Retention purges of idempotency records and published events.
+pub mod retention;
+/// Background jobs under one cancellation token.
+pub mod supervisor;
+/// Logging and the per-request log context.
 pub mod telemetry;
+/// The tenant id.
+pub mod tenant;
 
 pub use db::MIGRATOR;

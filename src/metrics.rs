@@ -1,8 +1,11 @@
-//! Every Prometheus metric of contract section 8: names, help texts, buckets, and the
-//! one place that records them.
+//! Every Prometheus metric of the service: names, help texts, buckets, the typed label
+//! values, and the one place that records them.
 //!
-//! Labels carry only bounded values (endpoint and route templates, outcomes, event
-//! types, status codes, error classes): never a key, token, tenant or order id.
+//! This module is a leaf: it imports nothing from the rest of the crate. The label
+//! types live here so that zero-initialisation, recording, routing and SQL all spell a
+//! label value in exactly one place. Labels carry only bounded values (endpoints, route
+//! templates, outcomes, event types, status codes, error classes): never a key, token,
+//! tenant or order id.
 
 use std::sync::OnceLock;
 
@@ -10,8 +13,6 @@ use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::{idempotency::Outcome, outbox::store::Stats};
 
 pub const IDEMPOTENCY_REQUESTS: &str = "idempotency_requests_total";
 pub const OUTBOX_PENDING: &str = "outbox_pending_events";
@@ -23,24 +24,129 @@ pub const OUTBOX_LAG: &str = "outbox_publish_lag_seconds";
 pub const HTTP_REQUESTS: &str = "http_requests_total";
 pub const HTTP_DURATION: &str = "http_request_duration_seconds";
 
-/// The idempotent endpoints (the `endpoint` label).
-pub const ENDPOINTS: [&str; 2] = ["POST /v1/orders", "POST /v1/orders/{id}/cancel"];
-/// The event types (the `event_type` label).
-pub const EVENT_TYPES: [&str; 2] = ["OrderCreated", "OrderCancelled"];
-/// Error classes of [`crate::outbox::publisher::classify`] and the SNS publisher.
-pub const FAILURE_REASONS: [&str; 11] = [
-    "throttling",
-    "kms_throttling",
-    "server",
-    "timeout",
-    "network",
-    "invalid_parameter",
-    "not_found",
-    "authorization",
-    "kms",
-    "other_client",
-    "other_server",
-];
+/// Declares a label enum with its wire spelling and the `ALL` list used to export every
+/// series at zero from start-up.
+macro_rules! label_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, for zero-initialisation and exhaustive tests.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The label value (and, where the type is stored, the database spelling).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The value spelled `text`, if any.
+            pub fn parse(text: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|v| v.as_str() == text)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// An idempotent operation: method and route template. Part of the idempotency
+    /// record's key, so the spelling is also stored in `idempotency_record.endpoint`.
+    Endpoint {
+        CreateOrder => "POST /v1/orders",
+        CancelOrder => "POST /v1/orders/{id}/cancel",
+    }
+}
+
+label_enum! {
+    /// How the idempotency guard decided one request.
+    Outcome {
+        /// This request executed the operation and its response was stored.
+        Created => "created",
+        /// A stored response was replayed (also after waiting for an in-flight twin).
+        Replayed => "replayed",
+        /// The key was used before with a different request.
+        PayloadConflict => "payload_conflict",
+        /// Another request owns the key, or this one lost its lease: answered 409.
+        InFlight => "in_flight",
+        /// This request took over an expired lease and executed the operation.
+        LeaseTakeover => "lease_takeover",
+    }
+}
+
+label_enum! {
+    /// The kinds of outbox event; also `outbox_event.event_type` and the SNS attribute.
+    EventType {
+        OrderCreated => "OrderCreated",
+        OrderCancelled => "OrderCancelled",
+    }
+}
+
+label_enum! {
+    /// Why a publish failed, as a low-cardinality class of the SNS (or KMS) error.
+    FailureReason {
+        Throttling => "throttling",
+        KmsThrottling => "kms_throttling",
+        Server => "server",
+        Timeout => "timeout",
+        Network => "network",
+        InvalidParameter => "invalid_parameter",
+        NotFound => "not_found",
+        Authorization => "authorization",
+        Kms => "kms",
+        OtherClient => "other_client",
+        OtherServer => "other_server",
+    }
+}
+
+label_enum! {
+    /// The HTTP routes, as templates: one label value per route, `unmatched` for the rest.
+    Route {
+        Orders => "/v1/orders",
+        Order => "/v1/orders/{id}",
+        CancelOrder => "/v1/orders/{id}/cancel",
+        Healthz => "/healthz",
+        Readyz => "/readyz",
+        Metrics => "/metrics",
+        OpenapiJson => "/openapi.json",
+        OpenapiYaml => "/openapi.yaml",
+        Docs => "/docs",
+        Unmatched => "unmatched",
+    }
+}
+
+impl Route {
+    /// The route a request path belongs to. Path parameters are single segments, so a
+    /// template matches a path when their segments match one for one.
+    pub fn of_path(path: &str) -> Route {
+        let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+        if segments.first() == Some(&"docs") {
+            return Route::Docs;
+        }
+        Route::ALL
+            .iter()
+            .copied()
+            .find(|route| {
+                let template: Vec<&str> = route.as_str().split('/').skip(1).collect();
+                template.len() == segments.len()
+                    && template
+                        .iter()
+                        .zip(&segments)
+                        .all(|(t, s)| t.starts_with('{') || t == s)
+            })
+            .unwrap_or(Route::Unmatched)
+    }
+}
 
 /// HTTP latency buckets: a p99 in single-digit milliseconds needs resolution there.
 const HTTP_BUCKETS: [f64; 14] = [
@@ -110,17 +216,17 @@ fn describe() {
 }
 
 fn zero() {
-    for endpoint in ENDPOINTS {
+    for endpoint in Endpoint::ALL {
         for outcome in Outcome::ALL {
-            counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint, "outcome" => outcome.as_str())
+            counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint.as_str(), "outcome" => outcome.as_str())
                 .absolute(0);
         }
     }
-    for event_type in EVENT_TYPES {
-        counter!(OUTBOX_PUBLISHED, "event_type" => event_type).absolute(0);
+    for event_type in EventType::ALL {
+        counter!(OUTBOX_PUBLISHED, "event_type" => event_type.as_str()).absolute(0);
     }
-    for reason in FAILURE_REASONS {
-        counter!(OUTBOX_FAILURES, "reason" => reason).absolute(0);
+    for reason in FailureReason::ALL {
+        counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).absolute(0);
     }
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
@@ -129,32 +235,28 @@ fn zero() {
     let _ = histogram!(OUTBOX_LAG);
 }
 
-pub fn idempotency_outcome(endpoint: &'static str, outcome: Outcome) {
-    counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint, "outcome" => outcome.as_str())
+pub fn idempotency_outcome(endpoint: Endpoint, outcome: Outcome) {
+    counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint.as_str(), "outcome" => outcome.as_str())
         .increment(1);
 }
 
-pub fn published(event_type: &str, lag_secs: f64) {
-    // Only the contract's event types become label values.
-    let event_type = EVENT_TYPES
-        .into_iter()
-        .find(|t| *t == event_type)
-        .unwrap_or("other");
-    counter!(OUTBOX_PUBLISHED, "event_type" => event_type).increment(1);
+pub fn published(event_type: EventType, lag_secs: f64) {
+    counter!(OUTBOX_PUBLISHED, "event_type" => event_type.as_str()).increment(1);
     histogram!(OUTBOX_LAG).record(lag_secs.max(0.0));
 }
 
-pub fn publish_failure(reason: &'static str) {
-    counter!(OUTBOX_FAILURES, "reason" => reason).increment(1);
+pub fn publish_failure(reason: FailureReason) {
+    counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).increment(1);
 }
 
-pub fn outbox_stats(stats: Stats) {
-    gauge!(OUTBOX_PENDING).set(stats.pending as f64);
-    gauge!(OUTBOX_OLDEST_AGE).set(stats.oldest_pending_age_secs);
-    gauge!(OUTBOX_DEAD).set(stats.dead as f64);
+/// The outbox backlog gauges.
+pub fn outbox_backlog(pending: i64, oldest_pending_age_secs: f64, dead: i64) {
+    gauge!(OUTBOX_PENDING).set(pending as f64);
+    gauge!(OUTBOX_OLDEST_AGE).set(oldest_pending_age_secs);
+    gauge!(OUTBOX_DEAD).set(dead as f64);
 }
 
-pub fn http_request(method: &str, route: &'static str, status: u16, seconds: f64) {
+pub fn http_request(method: &str, route: Route, status: u16, seconds: f64) {
     let method = match method {
         "GET" => "GET",
         "POST" => "POST",
@@ -165,26 +267,10 @@ pub fn http_request(method: &str, route: &'static str, status: u16, seconds: f64
         "OPTIONS" => "OPTIONS",
         _ => "OTHER",
     };
+    let route = route.as_str();
     counter!(HTTP_REQUESTS, "method" => method, "route" => route, "status" => status.to_string())
         .increment(1);
     histogram!(HTTP_DURATION, "method" => method, "route" => route).record(seconds);
-}
-
-/// The route template of a path: one label value per route, `unmatched` for the rest.
-pub fn route_template(path: &str) -> &'static str {
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    match segments.as_slice() {
-        ["v1", "orders"] => "/v1/orders",
-        ["v1", "orders", _] => "/v1/orders/{id}",
-        ["v1", "orders", _, "cancel"] => "/v1/orders/{id}/cancel",
-        ["healthz"] => "/healthz",
-        ["readyz"] => "/readyz",
-        ["metrics"] => "/metrics",
-        ["openapi.json"] => "/openapi.json",
-        ["openapi.yaml"] => "/openapi.yaml",
-        ["docs", ..] => "/docs",
-        _ => "unmatched",
-    }
 }
 
 #[cfg(test)]
@@ -193,17 +279,31 @@ mod tests {
 
     #[test]
     fn paths_map_to_a_bounded_set_of_templates() {
-        assert_eq!(route_template("/v1/orders"), "/v1/orders");
+        assert_eq!(Route::of_path("/v1/orders"), Route::Orders);
         assert_eq!(
-            route_template("/v1/orders/0192f0e4-7c1a-7cc0-8f5e-1d2b3c4d5e6f"),
-            "/v1/orders/{id}"
+            Route::of_path("/v1/orders/0192f0e4-7c1a-7cc0-8f5e-1d2b3c4d5e6f"),
+            Route::Order
         );
+        assert_eq!(Route::of_path("/v1/orders/abc/cancel"), Route::CancelOrder);
+        assert_eq!(Route::of_path("/docs/swagger-ui.css"), Route::Docs);
+        assert_eq!(Route::of_path("/healthz/"), Route::Healthz);
         assert_eq!(
-            route_template("/v1/orders/abc/cancel"),
-            "/v1/orders/{id}/cancel"
+            Route::of_path("/v1/orders/abc/cancel/extra"),
+            Route::Unmatched
         );
-        assert_eq!(route_template("/docs/swagger-ui.css"), "/docs");
-        assert_eq!(route_template("/v1/orders/abc/cancel/extra"), "unmatched");
-        assert_eq!(route_template("/wp-admin/install.php"), "unmatched");
+        assert_eq!(Route::of_path("/wp-admin/install.php"), Route::Unmatched);
+        assert_eq!(Route::of_path("/unmatched"), Route::Unmatched);
+    }
+
+    #[test]
+    fn labels_round_trip_through_their_spelling() {
+        for e in EventType::ALL {
+            assert_eq!(EventType::parse(e.as_str()), Some(*e));
+        }
+        assert_eq!(
+            Endpoint::parse("POST /v1/orders"),
+            Some(Endpoint::CreateOrder)
+        );
+        assert_eq!(FailureReason::parse("nope"), None);
     }
 }

@@ -1,11 +1,13 @@
-//! Logging set-up and the one place where request outcomes are recorded.
+//! Logging set-up and the per-request context that the request log line reports.
 //!
 //! Logs go to stderr so that commands whose stdout is their product (`orderd token`,
 //! `orderd openapi`) stay pipeable.
 
+use std::cell::RefCell;
+
 use tracing_subscriber::{EnvFilter, fmt};
 
-use crate::idempotency::Outcome;
+use crate::{metrics::Outcome, tenant::TenantId};
 
 /// Installs the global subscriber; `RUST_LOG` overrides the default filter.
 pub fn init(json: bool) {
@@ -26,21 +28,34 @@ pub fn init(json: bool) {
 }
 
 /// What the request log line says beyond method, route and status: filled in by the
-/// layers that learn it (authentication, the idempotency guard) while the request runs.
+/// code that learns it (authentication, the idempotency guard) while the request runs.
 #[derive(Debug, Default)]
 pub struct RequestContext {
-    pub tenant: Option<uuid::Uuid>,
+    pub tenant: Option<TenantId>,
     pub subject: Option<String>,
-    pub outcome: Option<&'static str>,
+    pub outcome: Option<Outcome>,
 }
 
 tokio::task_local! {
     /// The context of the request this task is serving (set by the HTTP middleware).
-    pub static REQUEST: std::cell::RefCell<RequestContext>;
+    static REQUEST: RefCell<RequestContext>;
+}
+
+/// Runs `request` with a fresh context and returns its output with what was noted.
+pub async fn with_request_context<F: Future>(request: F) -> (F::Output, RequestContext) {
+    REQUEST
+        .scope(RefCell::new(RequestContext::default()), async {
+            let output = request.await;
+            (
+                output,
+                REQUEST.with(|c| std::mem::take(&mut *c.borrow_mut())),
+            )
+        })
+        .await
 }
 
 /// Notes the authenticated caller for the request log line.
-pub fn note_caller(tenant: uuid::Uuid, subject: &str) {
+pub fn note_caller(tenant: TenantId, subject: &str) {
     let _ = REQUEST.try_with(|c| {
         let mut c = c.borrow_mut();
         c.tenant = Some(tenant);
@@ -48,9 +63,7 @@ pub fn note_caller(tenant: uuid::Uuid, subject: &str) {
     });
 }
 
-/// Records how the idempotency guard decided one request: the counter, and the
-/// request's log line.
-pub fn record_idempotency_outcome(endpoint: &'static str, outcome: Outcome) {
-    crate::metrics::idempotency_outcome(endpoint, outcome);
-    let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome.as_str()));
+/// Notes how the idempotency guard decided the request.
+pub fn note_outcome(outcome: Outcome) {
+    let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome));
 }

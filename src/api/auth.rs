@@ -5,10 +5,8 @@ use std::sync::Arc;
 use poem::Request;
 use poem_openapi::{SecurityScheme, auth::Bearer};
 
-use crate::{
-    auth::{Principal, Verifier},
-    problem::Problem,
-};
+use super::problem::Problem;
+use crate::auth::{Principal, Verifier};
 
 /// JWT (HS256, RS256 or ES256) with `tenant_id`, `sub`, `exp` and `scope` claims.
 ///
@@ -22,7 +20,7 @@ async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Principal>
     let verifier = req.data::<Arc<Verifier>>().ok_or_else(|| {
         Problem::internal(anyhow::anyhow!("no token verifier installed on the route"))
     })?;
-    let principal = verifier.verify(&bearer.token)?;
-    crate::telemetry::note_caller(principal.tenant.0, &principal.subject);
+    let principal = verifier.verify(&bearer.token).map_err(Problem::from)?;
+    crate::telemetry::note_caller(principal.tenant, &principal.subject);
     Ok(principal)
 }

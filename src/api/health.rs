@@ -1,12 +1,12 @@
 //! Liveness and readiness probes.
 
+use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
 
 use super::{ApiTags, AppState};
+use crate::db;
 
-pub struct HealthApi {
-    pub state: AppState,
-}
+pub struct HealthApi;
 
 #[derive(ApiResponse)]
 pub enum ReadyResponse {
@@ -28,19 +28,13 @@ impl HealthApi {
 
     /// The process can serve: its database is reachable.
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
-    async fn readyz(&self) -> ReadyResponse {
-        let probe = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            sqlx::query("SELECT 1").execute(&self.state.pool),
-        )
-        .await;
-        match probe {
-            Ok(Ok(_)) => ReadyResponse::Ready(PlainText("ready")),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "readiness probe failed");
+    async fn readyz(&self, state: Data<&AppState>) -> ReadyResponse {
+        match db::ping(&state.pool).await {
+            Ok(()) => ReadyResponse::Ready(PlainText("ready")),
+            Err(why) => {
+                tracing::warn!(error = %why, "readiness probe failed");
                 ReadyResponse::NotReady(PlainText("database unreachable"))
             }
-            Err(_) => ReadyResponse::NotReady(PlainText("database timed out")),
         }
     }
 }

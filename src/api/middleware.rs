@@ -1,81 +1,75 @@
-//! Cross-cutting HTTP behaviour: the 64 KiB body limit, turning every error (ours,
-//! poem's, poem-openapi's, a panic) into problem+json, the request id, the HTTP
-//! metrics and the one structured log line per request.
+//! Cross-cutting HTTP behaviour, one concern per function, composed around the routes
+//! in `api::routes` (outermost first):
+//!
+//! - [`access_log`]: the request id, the HTTP metrics and the one log line per request;
+//! - [`limit_body`]: the 64 KiB body limit, before any handler reads the body;
+//! - [`errors_as_problems`]: every error (ours, poem's, poem-openapi's) as problem+json;
+//! - [`panic_response`]: a panicking handler answers a plain 500 problem.
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
 use poem::{
-    Body, Endpoint, IntoResponse, Middleware, Request, Response,
+    Body, Endpoint, IntoResponse, Request, Response,
     http::{HeaderValue, Method, StatusCode, header},
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::{
-    problem::{FieldError, Kind, Problem},
-    telemetry::{REQUEST, RequestContext},
-};
+use super::problem::{FieldError, Kind, Problem};
+use crate::{metrics, telemetry};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The outermost layer of the API route.
-pub struct ProblemLayer;
-
-impl<E: Endpoint> Middleware<E> for ProblemLayer {
-    type Output = ProblemEndpoint<E>;
-
-    fn transform(&self, inner: E) -> Self::Output {
-        ProblemEndpoint { inner }
+/// Request id, metrics and the request log line, around everything else.
+pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let route = metrics::Route::of_path(req.uri().path());
+    let request_id = request_id(&req);
+    let (response, context) = telemetry::with_request_context(async {
+        inner.call(req).await.map(IntoResponse::into_response)
+    })
+    .await;
+    // The layers inside turn every error into a response; this is only a backstop.
+    let mut response = response.unwrap_or_else(|err| err.into_response());
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, value);
     }
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed().as_secs_f64();
+    metrics::http_request(method.as_str(), route, status, elapsed);
+    tracing::info!(
+        method = %method,
+        route = route.as_str(),
+        status,
+        latency_ms = elapsed * 1000.0,
+        tenant = context.tenant.map(|t| t.to_string()),
+        sub = context.subject,
+        request_id = %request_id,
+        idempotency = context.outcome.map(|o| o.as_str()),
+        "request"
+    );
+    Ok(response)
 }
 
-pub struct ProblemEndpoint<E> {
-    inner: E,
+/// Answers every error of the routes inside as problem+json, `instance` being the path.
+pub async fn errors_as_problems<E: Endpoint>(
+    inner: Arc<E>,
+    req: Request,
+) -> poem::Result<Response> {
+    let path = req.uri().path().to_string();
+    Ok(match inner.call(req).await {
+        Ok(output) => output.into_response(),
+        Err(err) => to_problem(err).to_response(Some(&path)),
+    })
 }
 
-impl<E: Endpoint> Endpoint for ProblemEndpoint<E> {
-    type Output = Response;
-
-    async fn call(&self, mut req: Request) -> poem::Result<Response> {
-        let started = Instant::now();
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let route = crate::metrics::route_template(&path);
-        let request_id = request_id(&req);
-        let context = std::cell::RefCell::new(RequestContext::default());
-        let (mut response, context) = REQUEST
-            .scope(context, async {
-                let response = match limit_body(&mut req).await {
-                    Err(problem) => problem.to_response(Some(&path)),
-                    Ok(()) => match self.inner.call(req).await {
-                        Ok(output) => output.into_response(),
-                        Err(err) => to_problem(err).to_response(Some(&path)),
-                    },
-                };
-                (
-                    response,
-                    REQUEST.with(|c| std::mem::take(&mut *c.borrow_mut())),
-                )
-            })
-            .await;
-        if let Ok(value) = HeaderValue::from_str(&request_id) {
-            response.headers_mut().insert(REQUEST_ID, value);
-        }
-        let status = response.status().as_u16();
-        let elapsed = started.elapsed().as_secs_f64();
-        crate::metrics::http_request(method.as_str(), route, status, elapsed);
-        tracing::info!(
-            method = %method,
-            route,
-            status,
-            latency_ms = elapsed * 1000.0,
-            tenant = context.tenant.map(|t| t.to_string()),
-            sub = context.subject,
-            request_id = %request_id,
-            idempotency = context.outcome,
-            "request"
-        );
-        Ok(response)
+/// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed, before any handler runs.
+pub async fn limit_body<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::Result<Response> {
+    let path = req.uri().path().to_string();
+    match buffer_body(&mut req).await {
+        Ok(()) => inner.call(req).await.map(IntoResponse::into_response),
+        Err(problem) => Ok(problem.to_response(Some(&path))),
     }
 }
 
@@ -99,8 +93,8 @@ const DRAIN_CAP: u64 = 1024 * 1024;
 /// How long that draining may take; a slow sender is simply cut off.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed, before any handler runs.
-async fn limit_body(req: &mut Request) -> Result<(), Problem> {
+/// Reads the body into memory, refusing it past [`MAX_BODY_BYTES`].
+async fn buffer_body(req: &mut Request) -> Result<(), Problem> {
     let too_large = || {
         Problem::new(Kind::PayloadTooLarge).with_detail(format!(
             "request bodies are limited to {MAX_BODY_BYTES} bytes"

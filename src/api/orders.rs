@@ -1,29 +1,36 @@
 //! `/v1/orders`: create, cancel, get and list, tenant-scoped.
 //!
-//! Handlers parse and authorise, then hand writes to the idempotency guard with a
-//! closure that calls the orders module inside the guard's transaction.
+//! Handlers parse and authorise, then call the operations below, which hand writes to
+//! the idempotency guard with a closure that calls the orders module inside the
+//! guard's transaction. The operations are shared with the MCP tools, so that a tool
+//! call and a REST call are the same operation with the same stored response.
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use chrono::{DateTime, Utc};
+use poem::web::Data;
 use poem_openapi::{
-    ApiResponse, Object, OpenApi,
+    ApiResponse, Enum, Object, OpenApi,
     param::{Header, Path, Query},
     payload::Json,
 };
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{ApiTags, AppState, auth::BearerAuth, problems::Documented, strict::StrictString};
+use super::{
+    ApiTags, AppState,
+    auth::BearerAuth,
+    idempotent::{Idempotent, render},
+    problem::{FieldError, Kind, Problem, ProblemDetails},
+    responses::{Documented, WithBody},
+    strict::StrictString,
+};
 use crate::{
     auth::{SCOPE_READ, SCOPE_WRITE},
-    idempotency::{Fingerprint, IdempotencyKey, Idempotent, Scope},
-    orders::{self, CancelOutcome, NewOrder, Order, store::PageAfter},
-    problem::{FieldError, Kind, Problem, ProblemDetails},
+    idempotency::{Answer, Fingerprint, IdempotencyKey, Scope},
+    metrics::Endpoint,
+    orders::{self, CancelOutcome, NewOrder, OrderStatus, store::PageAfter},
+    tenant::TenantId,
 };
-
-/// Route templates: part of the idempotency scope and the metric label.
-pub const CREATE_ENDPOINT: &str = "POST /v1/orders";
-pub const CANCEL_ENDPOINT: &str = "POST /v1/orders/{id}/cancel";
 
 /// Body of `POST /v1/orders`.
 #[derive(Debug, Object)]
@@ -40,10 +47,50 @@ pub struct CreateOrderRequest {
     pub customer_ref: Option<StrictString>,
 }
 
+/// Lifecycle of an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename = "OrderStatus", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StatusView {
+    Created,
+    Cancelled,
+}
+
+/// An order as clients see it.
+#[derive(Debug, Clone, PartialEq, Object)]
+#[oai(rename = "Order")]
+pub struct OrderView {
+    pub id: Uuid,
+    pub sku: String,
+    pub quantity: i32,
+    pub customer_ref: Option<String>,
+    pub status: StatusView,
+    /// RFC 3339, database clock.
+    pub created_at: DateTime<Utc>,
+    /// RFC 3339, database clock.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<orders::Order> for OrderView {
+    fn from(order: orders::Order) -> Self {
+        Self {
+            id: order.id,
+            sku: order.sku,
+            quantity: order.quantity,
+            customer_ref: order.customer_ref,
+            status: match order.status {
+                OrderStatus::Created => StatusView::Created,
+                OrderStatus::Cancelled => StatusView::Cancelled,
+            },
+            created_at: order.created_at,
+            updated_at: order.updated_at,
+        }
+    }
+}
+
 /// A page of orders, newest first.
 #[derive(Debug, Object)]
 pub struct OrderPage {
-    pub items: Vec<Order>,
+    pub items: Vec<OrderView>,
     /// Pass as `after` to get the next page; `null` on the last page.
     pub next: Option<String>,
 }
@@ -53,7 +100,7 @@ pub enum CreateOrderResponse {
     /// The order was created (or, with `Idempotent-Replayed: true`, had been).
     #[oai(status = 201)]
     Created(
-        Json<Order>,
+        Json<OrderView>,
         /// `/v1/orders/{id}`
         #[oai(header = "Location")]
         String,
@@ -64,7 +111,7 @@ pub enum CreateOrderResponse {
 pub enum CancelOrderResponse {
     /// The order, now (or already) `CANCELLED`.
     #[oai(status = 200)]
-    Cancelled(Json<Order>),
+    Cancelled(Json<OrderView>),
     /// No such order for this tenant (stored and replayed like a success).
     #[oai(status = 404, content_type = "application/problem+json")]
     NotFound(Json<ProblemDetails>),
@@ -73,7 +120,7 @@ pub enum CancelOrderResponse {
 #[derive(ApiResponse)]
 pub enum GetOrderResponse {
     #[oai(status = 200)]
-    Found(Json<Order>),
+    Found(Json<OrderView>),
     /// No such order for this tenant.
     #[oai(status = 404, content_type = "application/problem+json")]
     NotFound(Json<ProblemDetails>),
@@ -85,9 +132,7 @@ pub enum ListOrdersResponse {
     Page(Json<OrderPage>),
 }
 
-pub struct OrdersApi {
-    pub state: AppState,
-}
+pub struct OrdersApi;
 
 #[OpenApi(tag = "ApiTags::Orders")]
 impl OrdersApi {
@@ -97,41 +142,22 @@ impl OrdersApi {
     async fn create_order(
         &self,
         auth: BearerAuth,
+        state: Data<&AppState>,
         /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
         #[oai(name = "Idempotency-Key")]
         idempotency_key: Header<Option<String>>,
         body: Json<CreateOrderRequest>,
-    ) -> poem::Result<Documented<Idempotent<CreateOrderResponse>>> {
-        auth.0.require(SCOPE_WRITE)?;
-        let key = IdempotencyKey::parse(idempotency_key.0.as_deref())?;
-        let tenant = auth.0.tenant;
+    ) -> poem::Result<Documented<WithBody<Idempotent<CreateOrderResponse>>>> {
+        auth.0.require(SCOPE_WRITE).map_err(Problem::from)?;
+        let key = IdempotencyKey::parse(idempotency_key.0.as_deref()).map_err(Problem::from)?;
         let body = body.0;
         let new = NewOrder {
             sku: body.sku.0,
             quantity: body.quantity,
             customer_ref: body.customer_ref.map(|r| r.0),
         };
-        let fingerprint = Fingerprint::of(&RequestShape {
-            path: None,
-            body: Some(&new),
-        });
-        let scope = Scope {
-            tenant,
-            endpoint: CREATE_ENDPOINT,
-            key,
-        };
-        let response = self
-            .state
-            .guard
-            .run(scope, fingerprint, move |tx| {
-                Box::pin(async move {
-                    let order = orders::store::create(tx, tenant, &new).await?;
-                    let location = format!("/v1/orders/{}", order.id);
-                    Ok(CreateOrderResponse::Created(Json(order), location))
-                })
-            })
-            .await?;
-        Ok(Documented(response))
+        let answer = create(&state, auth.0.tenant, key, new).await?;
+        Ok(Documented(WithBody(answer.into())))
     }
 
     /// Cancel an order. Idempotent per `Idempotency-Key`; cancelling a cancelled order
@@ -144,43 +170,17 @@ impl OrdersApi {
     async fn cancel_order(
         &self,
         auth: BearerAuth,
+        state: Data<&AppState>,
         /// The order id.
         id: Path<Uuid>,
         /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
         #[oai(name = "Idempotency-Key")]
         idempotency_key: Header<Option<String>>,
     ) -> poem::Result<Documented<Idempotent<CancelOrderResponse>>> {
-        auth.0.require(SCOPE_WRITE)?;
-        let key = IdempotencyKey::parse(idempotency_key.0.as_deref())?;
-        let tenant = auth.0.tenant;
-        let id = id.0;
-        let fingerprint = Fingerprint::of(&RequestShape::<()> {
-            path: Some(PathParams { id }),
-            body: None,
-        });
-        let scope = Scope {
-            tenant,
-            endpoint: CANCEL_ENDPOINT,
-            key,
-        };
-        let response = self
-            .state
-            .guard
-            .run(scope, fingerprint, move |tx| {
-                Box::pin(async move {
-                    Ok(match orders::store::cancel(tx, tenant, id).await? {
-                        CancelOutcome::Cancelled(order)
-                        | CancelOutcome::AlreadyCancelled(order) => {
-                            CancelOrderResponse::Cancelled(Json(order))
-                        }
-                        CancelOutcome::NotFound => {
-                            CancelOrderResponse::NotFound(Json(not_found(id)))
-                        }
-                    })
-                })
-            })
-            .await?;
-        Ok(Documented(response))
+        auth.0.require(SCOPE_WRITE).map_err(Problem::from)?;
+        let key = IdempotencyKey::parse(idempotency_key.0.as_deref()).map_err(Problem::from)?;
+        let answer = cancel(&state, auth.0.tenant, key, id.0).await?;
+        Ok(Documented(answer.into()))
     }
 
     /// Get one order of the caller's tenant.
@@ -188,14 +188,15 @@ impl OrdersApi {
     async fn get_order(
         &self,
         auth: BearerAuth,
+        state: Data<&AppState>,
         id: Path<Uuid>,
     ) -> poem::Result<Documented<GetOrderResponse>> {
-        auth.0.require(SCOPE_READ)?;
-        let found = orders::store::get(&self.state.pool, auth.0.tenant, id.0)
+        auth.0.require(SCOPE_READ).map_err(Problem::from)?;
+        let found = orders::store::get(&state.pool, auth.0.tenant, id.0)
             .await
             .map_err(Problem::from)?;
         Ok(Documented(match found {
-            Some(order) => GetOrderResponse::Found(Json(order)),
+            Some(order) => GetOrderResponse::Found(Json(order.into())),
             None => GetOrderResponse::NotFound(Json(not_found(id.0))),
         }))
     }
@@ -205,6 +206,7 @@ impl OrdersApi {
     async fn list_orders(
         &self,
         auth: BearerAuth,
+        state: Data<&AppState>,
         /// Page size, 1 to 100.
         #[oai(
             default = "default_limit",
@@ -214,27 +216,92 @@ impl OrdersApi {
         /// The `next` cursor of the previous page.
         after: Query<Option<String>>,
     ) -> poem::Result<Documented<ListOrdersResponse>> {
-        auth.0.require(SCOPE_READ)?;
-        let after = after.0.as_deref().map(decode_cursor).transpose()?;
-        // One extra row tells whether a next page exists without a count query.
-        let mut items = orders::store::list(&self.state.pool, auth.0.tenant, limit.0 + 1, after)
-            .await
-            .map_err(Problem::from)?;
-        let next = if items.len() as i64 > limit.0 {
-            items.truncate(limit.0 as usize);
-            items.last().map(|o| encode_cursor(o.created_at, o.id))
-        } else {
-            None
-        };
-        Ok(Documented(ListOrdersResponse::Page(Json(OrderPage {
-            items,
-            next,
-        }))))
+        auth.0.require(SCOPE_READ).map_err(Problem::from)?;
+        let page = list(&state, auth.0.tenant, limit.0, after.0.as_deref()).await?;
+        Ok(Documented(ListOrdersResponse::Page(Json(page))))
     }
 }
 
 fn default_limit() -> i64 {
     20
+}
+
+/// Creates an order once per key: the operation behind `POST /v1/orders`.
+pub async fn create(
+    state: &AppState,
+    tenant: TenantId,
+    key: IdempotencyKey,
+    new: NewOrder,
+) -> Result<Answer, Problem> {
+    let scope = Scope {
+        tenant,
+        endpoint: Endpoint::CreateOrder,
+        key,
+    };
+    let answer = state
+        .guard
+        .run(&scope, create_fingerprint(&new), move |tx| {
+            Box::pin(async move {
+                let order = orders::store::create(tx, tenant, &new).await?;
+                let location = format!("/v1/orders/{}", order.id);
+                render(CreateOrderResponse::Created(Json(order.into()), location)).await
+            })
+        })
+        .await?;
+    Ok(answer)
+}
+
+/// Cancels an order once per key: the operation behind `POST /v1/orders/{id}/cancel`.
+pub async fn cancel(
+    state: &AppState,
+    tenant: TenantId,
+    key: IdempotencyKey,
+    id: Uuid,
+) -> Result<Answer, Problem> {
+    let scope = Scope {
+        tenant,
+        endpoint: Endpoint::CancelOrder,
+        key,
+    };
+    let answer = state
+        .guard
+        .run(&scope, cancel_fingerprint(id), move |tx| {
+            Box::pin(async move {
+                let response = match orders::store::cancel(tx, tenant, id).await? {
+                    CancelOutcome::Cancelled(order) | CancelOutcome::AlreadyCancelled(order) => {
+                        CancelOrderResponse::Cancelled(Json(order.into()))
+                    }
+                    CancelOutcome::NotFound => CancelOrderResponse::NotFound(Json(not_found(id))),
+                };
+                render(response).await
+            })
+        })
+        .await?;
+    Ok(answer)
+}
+
+/// One page of the tenant's orders after the position `after` names.
+pub async fn list(
+    state: &AppState,
+    tenant: TenantId,
+    limit: i64,
+    after: Option<&str>,
+) -> Result<OrderPage, Problem> {
+    let after = after.map(decode_cursor).transpose()?;
+    // One extra row tells whether a next page exists without a count query.
+    let mut items = orders::store::list(&state.pool, tenant, limit + 1, after)
+        .await
+        .map_err(Problem::from)?;
+    let next = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(|o| encode_cursor(o.created_at, o.id))
+    } else {
+        None
+    };
+    Ok(OrderPage {
+        items: items.into_iter().map(OrderView::from).collect(),
+        next,
+    })
 }
 
 /// The fingerprint of a create: the parsed body with defaults applied.

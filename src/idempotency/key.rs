@@ -1,4 +1,4 @@
-//! Parsing of the `Idempotency-Key` header (contract section 4).
+//! Parsing of the `Idempotency-Key` header (docs/contract.md, "Idempotency").
 //!
 //! Accepts the bare token and the RFC 8941 quoted-string form used by
 //! draft-ietf-httpapi-idempotency-key-header. A UUID is normalised to lower case so
@@ -7,12 +7,21 @@
 
 use std::fmt;
 
-use crate::problem::{Kind, Problem};
-
 /// Shortest accepted key: short keys collide too easily between retries of unrelated calls.
 pub const MIN_LEN: usize = 16;
 /// Longest accepted key: bounds the size of the primary key.
 pub const MAX_LEN: usize = 128;
+
+/// Why a key was refused; the API turns each into its own 400 problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("send an Idempotency-Key header with a unique token per operation")]
+    Missing,
+    #[error(
+        "Idempotency-Key must be 16 to 128 characters of [A-Za-z0-9_-], bare or as a quoted string"
+    )]
+    Invalid,
+}
 
 /// A validated idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -20,17 +29,14 @@ pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
     /// Parses the raw header value; `None` means the header was absent.
-    pub fn parse(raw: Option<&str>) -> Result<Self, Problem> {
-        let raw = raw.ok_or_else(|| {
-            Problem::new(Kind::IdempotencyKeyMissing)
-                .with_detail("send an Idempotency-Key header with a unique token per operation")
-        })?;
+    pub fn parse(raw: Option<&str>) -> Result<Self, KeyError> {
+        let raw = raw.ok_or(KeyError::Missing)?;
         let raw = raw.trim_matches([' ', '\t']);
         let token = match raw.strip_prefix('"') {
             Some(rest) => rest
                 .strip_suffix('"')
                 .filter(|inner| !inner.contains(['"', '\\']))
-                .ok_or_else(invalid)?,
+                .ok_or(KeyError::Invalid)?,
             None => raw,
         };
         let shape_ok = (MIN_LEN..=MAX_LEN).contains(&token.len())
@@ -38,7 +44,7 @@ impl IdempotencyKey {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !shape_ok {
-            return Err(invalid());
+            return Err(KeyError::Invalid);
         }
         let normalised = match uuid::Uuid::try_parse(token) {
             // Only the hyphenated form is re-spelled: a 32-hex "simple" UUID is kept as sent.
@@ -59,23 +65,17 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
-fn invalid() -> Problem {
-    Problem::new(Kind::IdempotencyKeyInvalid).with_detail(format!(
-        "Idempotency-Key must be {MIN_LEN} to {MAX_LEN} characters of [A-Za-z0-9_-], bare or as a quoted string"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn kind(raw: Option<&str>) -> Kind {
-        IdempotencyKey::parse(raw).unwrap_err().kind
+    fn kind(raw: Option<&str>) -> KeyError {
+        IdempotencyKey::parse(raw).unwrap_err()
     }
 
     #[test]
     fn a_missing_header_is_its_own_error() {
-        assert_eq!(kind(None), Kind::IdempotencyKeyMissing);
+        assert_eq!(kind(None), KeyError::Missing);
     }
 
     #[test]
@@ -88,11 +88,11 @@ mod tests {
 
     #[test]
     fn lengths_outside_16_to_128_are_invalid() {
-        assert_eq!(kind(Some("fifteen-chars15")), Kind::IdempotencyKeyInvalid);
+        assert_eq!(kind(Some("fifteen-chars15")), KeyError::Invalid);
         assert!(IdempotencyKey::parse(Some(&"a".repeat(16))).is_ok());
         assert!(IdempotencyKey::parse(Some(&"a".repeat(128))).is_ok());
-        assert_eq!(kind(Some(&"a".repeat(129))), Kind::IdempotencyKeyInvalid);
-        assert_eq!(kind(Some("")), Kind::IdempotencyKeyInvalid);
+        assert_eq!(kind(Some(&"a".repeat(129))), KeyError::Invalid);
+        assert_eq!(kind(Some("")), KeyError::Invalid);
     }
 
     #[test]
@@ -104,7 +104,7 @@ mod tests {
             "\"unterminated-quote-x",
             "\"esc\\\"aped-quote-xx\"",
         ] {
-            assert_eq!(kind(Some(bad)), Kind::IdempotencyKeyInvalid, "{bad}");
+            assert_eq!(kind(Some(bad)), KeyError::Invalid, "{bad}");
         }
     }
 

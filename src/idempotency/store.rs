@@ -1,22 +1,38 @@
 //! SQL of the `idempotency_record` table. Every time comparison uses the database
 //! clock (`clock_timestamp()`), so leases and expiry mean the same on every replica.
+//!
+//! Claim, takeover, reclaim and release commit asynchronously: each statement sets
+//! `synchronous_commit = off` for its own (implicit) transaction with
+//! `set_config(..., true)`. Why that is safe: PostgreSQL flushes WAL in order, so the
+//! durable commit of the business transaction also makes the earlier claim durable. If
+//! the server dies before that, a claim may vanish, but then nothing was done under it
+//! and a retry simply claims afresh (a lost release or takeover likewise only leaves a
+//! lease to expire). Visibility is not delayed, only the flush, so concurrent requests
+//! see the claim at once. Folding the setting into the statement (rather than a pool
+//! with a connection option) keeps it per transaction, so it also holds behind a
+//! transaction pooler, and needs no second pool. The fenced completion is the one
+//! durable commit of a request.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::{fingerprint::Fingerprint, key::IdempotencyKey};
-use crate::auth::TenantId;
+use super::{
+    decide::{Record, State},
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+};
+use crate::{metrics::Endpoint, tenant::TenantId};
 
 /// The primary key of a record.
 #[derive(Debug, Clone)]
 pub struct Scope {
     pub tenant: TenantId,
-    /// Method and route template, e.g. `POST /v1/orders`.
-    pub endpoint: &'static str,
+    pub endpoint: Endpoint,
     pub key: IdempotencyKey,
 }
 
-/// A stored response, replayed byte for byte.
+/// A stored response, replayed byte for byte: what the first execution answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResponse {
     pub status: u16,
@@ -25,38 +41,122 @@ pub struct StoredResponse {
     pub body: Vec<u8>,
 }
 
-/// A record as the state machine sees it, with clock comparisons done by the database.
-#[derive(Debug)]
-pub enum Record {
-    Processing {
-        fingerprint: Vec<u8>,
-        owner_token: Uuid,
-        /// Remaining lease in milliseconds; zero or less means expired.
-        lease_remaining_ms: i64,
-    },
-    Completed {
-        fingerprint: Vec<u8>,
-        /// Past its retention: the key is treated as unknown.
-        expired: bool,
-        response: StoredResponse,
-    },
-}
+/// `INSERT ... ON CONFLICT DO NOTHING`: the one atomic decision of who owns a new key.
+pub const CLAIM: &str = "INSERT INTO idempotency_record
+       (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+     SELECT $1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp()
+     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING";
+
+/// The record and the database clock, by primary key.
+pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
+            response_status, response_location, response_content_type, response_body,
+            clock_timestamp() AS read_at
+     FROM idempotency_record
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
+
+/// Compare-and-set takeover of an expired lease from the owner seen.
+pub const TAKE_OVER: &str = "UPDATE idempotency_record
+     SET owner_token = $4, lease_until = clock_timestamp() + $5 * interval '1 millisecond'
+     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+       AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= clock_timestamp()";
+
+/// A completed key past its retention becomes a fresh claim.
+pub const RECLAIM: &str = "UPDATE idempotency_record
+     SET state = 'PROCESSING', fingerprint = $4, owner_token = $5,
+         lease_until = clock_timestamp() + $6 * interval '1 millisecond',
+         response_status = NULL, response_location = NULL, response_content_type = NULL,
+         response_body = NULL, completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
+     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+       AND state = 'COMPLETED' AND expires_at <= clock_timestamp()";
+
+/// The fenced completion: matches only while the owner still owns the claim.
+pub const COMPLETE: &str = "UPDATE idempotency_record
+     SET state = 'COMPLETED', response_status = $5, response_location = $6,
+         response_content_type = $7, response_body = $8, completed_at = clock_timestamp(),
+         expires_at = clock_timestamp() + $9 * interval '1 second', lease_until = NULL
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+       AND state = 'PROCESSING' AND owner_token = $4";
+
+/// Gives a claim back: only the owner's own PROCESSING row.
+pub const RELEASE: &str = "DELETE FROM idempotency_record
+     USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+       AND state = 'PROCESSING' AND owner_token = $4";
+
+/// Up to `$1` completed keys past retention, oldest first.
+pub const PURGE_EXPIRED: &str = "DELETE FROM idempotency_record
+     WHERE (tenant_id, endpoint, idem_key) IN (
+         SELECT tenant_id, endpoint, idem_key FROM idempotency_record
+         WHERE state = 'COMPLETED' AND expires_at <= clock_timestamp()
+         ORDER BY expires_at
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED)";
+
+/// Up to `$2` PROCESSING claims whose lease ran out more than `$1` seconds ago.
+pub const PURGE_ABANDONED: &str = "DELETE FROM idempotency_record
+     WHERE (tenant_id, endpoint, idem_key) IN (
+         SELECT tenant_id, endpoint, idem_key FROM idempotency_record
+         WHERE state = 'PROCESSING' AND lease_until <= clock_timestamp() - $1 * interval '1 second'
+         ORDER BY lease_until
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)";
 
 #[derive(sqlx::FromRow)]
 struct Row {
     state: String,
     fingerprint: Vec<u8>,
     owner_token: Option<Uuid>,
-    lease_remaining_ms: Option<i64>,
-    expired: Option<bool>,
+    lease_until: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
     response_status: Option<i16>,
     response_location: Option<String>,
     response_content_type: Option<String>,
     response_body: Option<Vec<u8>>,
+    read_at: DateTime<Utc>,
 }
 
-/// Claims an unknown key: `INSERT ... ON CONFLICT DO NOTHING`. True when this call
-/// created the PROCESSING row (and so owns it with `owner`).
+impl Row {
+    /// The row as the state machine sees it. The table's CHECK constraints make the
+    /// other shapes impossible; should one appear anyway, it is an error, never a
+    /// guessed value.
+    fn into_record(self) -> Result<Record, sqlx::Error> {
+        let state = match (self.state.as_str(), self.owner_token, self.lease_until) {
+            ("PROCESSING", Some(owner), Some(lease_until)) => {
+                State::Processing { owner, lease_until }
+            }
+            ("COMPLETED", ..) => {
+                match (self.expires_at, self.response_status, self.response_body) {
+                    (Some(expires_at), Some(status), Some(body)) => State::Completed {
+                        expires_at,
+                        response: StoredResponse {
+                            status: u16::try_from(status).map_err(|_| corrupt("status"))?,
+                            location: self.response_location,
+                            content_type: self.response_content_type,
+                            body,
+                        },
+                    },
+                    _ => return Err(corrupt("completed record without its response")),
+                }
+            }
+            _ => return Err(corrupt("state")),
+        };
+        Ok(Record {
+            fingerprint: self.fingerprint,
+            state,
+            read_at: self.read_at,
+        })
+    }
+}
+
+fn corrupt(what: &str) -> sqlx::Error {
+    sqlx::Error::Decode(format!("idempotency_record holds an impossible {what}").into())
+}
+
+/// Claims an unknown key. True when this call created the PROCESSING row (and so owns
+/// it with `owner`).
 pub async fn try_insert(
     db: impl PgExecutor<'_>,
     scope: &Scope,
@@ -64,55 +164,27 @@ pub async fn try_insert(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "INSERT INTO idempotency_record
-           (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-         VALUES ($1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp())
-         ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .bind(fingerprint.as_bytes())
-    .bind(owner)
-    .bind(lease_ms)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(CLAIM)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .bind(fingerprint.as_bytes())
+        .bind(owner)
+        .bind(lease_ms)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
 pub async fn read(db: impl PgExecutor<'_>, scope: &Scope) -> sqlx::Result<Option<Record>> {
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT state, fingerprint, owner_token,
-                (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::bigint AS lease_remaining_ms,
-                expires_at <= clock_timestamp() AS expired,
-                response_status, response_location, response_content_type, response_body
-         FROM idempotency_record
-         WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|row| match row.state.as_str() {
-        "PROCESSING" => Record::Processing {
-            fingerprint: row.fingerprint,
-            owner_token: row.owner_token.unwrap_or_default(),
-            lease_remaining_ms: row.lease_remaining_ms.unwrap_or(0),
-        },
-        _ => Record::Completed {
-            fingerprint: row.fingerprint,
-            expired: row.expired.unwrap_or(true),
-            response: StoredResponse {
-                status: row.response_status.unwrap_or(500) as u16,
-                location: row.response_location,
-                content_type: row.response_content_type,
-                body: row.response_body.unwrap_or_default(),
-            },
-        },
-    }))
+    let row: Option<Row> = sqlx::query_as(READ)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .fetch_optional(db)
+        .await?;
+    row.map(Row::into_record).transpose()
 }
 
 /// Compare-and-set takeover of an expired PROCESSING lease: succeeds only if the row is
@@ -125,20 +197,15 @@ pub async fn take_over_expired_lease(
     new_owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE idempotency_record
-         SET owner_token = $4, lease_until = clock_timestamp() + $5 * interval '1 millisecond'
-         WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-           AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= clock_timestamp()",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .bind(new_owner)
-    .bind(lease_ms)
-    .bind(seen_owner)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(TAKE_OVER)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .bind(new_owner)
+        .bind(lease_ms)
+        .bind(seen_owner)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -151,29 +218,20 @@ pub async fn reclaim_expired(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE idempotency_record
-         SET state = 'PROCESSING', fingerprint = $4, owner_token = $5,
-             lease_until = clock_timestamp() + $6 * interval '1 millisecond',
-             response_status = NULL, response_location = NULL, response_content_type = NULL,
-             response_body = NULL, completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
-         WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-           AND state = 'COMPLETED' AND expires_at <= clock_timestamp()",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .bind(fingerprint.as_bytes())
-    .bind(owner)
-    .bind(lease_ms)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(RECLAIM)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .bind(fingerprint.as_bytes())
+        .bind(owner)
+        .bind(lease_ms)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// The fenced completion, run as the last statement of the business transaction:
-/// matches only while `owner` still owns the claim. False means ownership was lost and
-/// the caller must roll back.
+/// The fenced completion, run as the last statement of the business transaction.
+/// False means ownership was lost and the caller must roll back.
 pub async fn complete(
     tx: &mut PgConnection,
     scope: &Scope,
@@ -181,59 +239,36 @@ pub async fn complete(
     response: &StoredResponse,
     ttl_secs: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE idempotency_record
-         SET state = 'COMPLETED', response_status = $5, response_location = $6,
-             response_content_type = $7, response_body = $8, completed_at = clock_timestamp(),
-             expires_at = clock_timestamp() + $9 * interval '1 second', lease_until = NULL
-         WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-           AND state = 'PROCESSING' AND owner_token = $4",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .bind(owner)
-    .bind(response.status as i16)
-    .bind(&response.location)
-    .bind(&response.content_type)
-    .bind(&response.body)
-    .bind(ttl_secs)
-    .execute(&mut *tx)
-    .await?;
+    let done = sqlx::query(COMPLETE)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .bind(owner)
+        .bind(response.status as i16)
+        .bind(&response.location)
+        .bind(&response.content_type)
+        .bind(&response.body)
+        .bind(ttl_secs)
+        .execute(&mut *tx)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.
-/// Only the owner's own PROCESSING row is removed.
 pub async fn release(db: impl PgExecutor<'_>, scope: &Scope, owner: Uuid) -> sqlx::Result<()> {
-    sqlx::query(
-        "DELETE FROM idempotency_record
-         WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-           AND state = 'PROCESSING' AND owner_token = $4",
-    )
-    .bind(scope.tenant.0)
-    .bind(scope.endpoint)
-    .bind(scope.key.as_str())
-    .bind(owner)
-    .execute(db)
-    .await?;
+    sqlx::query(RELEASE)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint.as_str())
+        .bind(scope.key.as_str())
+        .bind(owner)
+        .execute(db)
+        .await?;
     Ok(())
 }
 
 /// Deletes up to `batch` completed keys past retention; returns how many.
 pub async fn purge_expired(db: impl PgExecutor<'_>, batch: i64) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM idempotency_record
-         WHERE (tenant_id, endpoint, idem_key) IN (
-             SELECT tenant_id, endpoint, idem_key FROM idempotency_record
-             WHERE state = 'COMPLETED' AND expires_at <= clock_timestamp()
-             ORDER BY expires_at
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(batch)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(PURGE_EXPIRED).bind(batch).execute(db).await?;
     Ok(done.rows_affected())
 }
 
@@ -244,18 +279,10 @@ pub async fn purge_abandoned(
     grace_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM idempotency_record
-         WHERE (tenant_id, endpoint, idem_key) IN (
-             SELECT tenant_id, endpoint, idem_key FROM idempotency_record
-             WHERE state = 'PROCESSING' AND lease_until <= clock_timestamp() - $1 * interval '1 second'
-             ORDER BY lease_until
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(grace_secs)
-    .bind(batch)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(PURGE_ABANDONED)
+        .bind(grace_secs)
+        .bind(batch)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }

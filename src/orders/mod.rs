@@ -2,45 +2,70 @@
 //!
 //! This module owns the `orders` table and decides which outbox event a change emits;
 //! it knows nothing about HTTP or idempotency. Writes take the caller's transaction so
-//! that the order, its event and the stored response commit together.
+//! that the order, its event and the stored response commit together. How an order
+//! looks on the wire is decided by its readers: the API (`api::orders`) and the event
+//! format (`outbox::event`).
 
 pub mod store;
 
 use chrono::{DateTime, Utc};
-use poem_openapi::{Enum, Object};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::outbox::event::OrderState;
+
 /// Lifecycle of an order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Enum, sqlx::Type)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[oai(rename_all = "SCREAMING_SNAKE_CASE")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     Created,
     Cancelled,
 }
 
-/// An order as clients and event consumers see it (the contract's `Order`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Object, sqlx::FromRow)]
+impl OrderStatus {
+    /// The spelling clients, consumers and the `orders.status` column share.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Created => "CREATED",
+            OrderStatus::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// An order as stored.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Order {
     pub id: Uuid,
     pub sku: String,
     pub quantity: i32,
     pub customer_ref: Option<String>,
     pub status: OrderStatus,
-    /// RFC 3339, database clock.
+    /// Database clock.
     pub created_at: DateTime<Utc>,
-    /// RFC 3339, database clock.
+    /// Database clock.
     pub updated_at: DateTime<Utc>,
-    /// Per-order change counter: orders one order's events; not part of the API.
-    #[serde(skip)]
-    #[oai(skip)]
+    /// Per-order change counter: orders one order's events; not shown to clients.
     pub version: i32,
 }
 
-/// A validated create request (validation happens at the API edge).
-#[derive(Debug, Clone, Serialize)]
+impl Order {
+    /// The order as an event carries it.
+    pub fn to_event_state(&self) -> OrderState {
+        OrderState {
+            id: self.id,
+            sku: self.sku.clone(),
+            quantity: self.quantity,
+            customer_ref: self.customer_ref.clone(),
+            status: self.status.as_str(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+    }
+}
+
+/// A validated create request (validation happens at the edge). Serialised to
+/// fingerprint the request: it is the create's effect.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NewOrder {
     pub sku: String,
     pub quantity: i32,

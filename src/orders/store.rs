@@ -6,7 +6,11 @@ use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 use super::{CancelOutcome, NewOrder, Order};
-use crate::{auth::TenantId, outbox};
+use crate::{
+    metrics::EventType,
+    outbox::{self, event::NewEvent},
+    tenant::TenantId,
+};
 
 /// The columns of [`Order`], as a macro so that every query stays a `&'static str`
 /// (sqlx refuses runtime-built SQL).
@@ -34,7 +38,7 @@ pub async fn create(
     .bind(&new.customer_ref)
     .fetch_one(&mut *tx)
     .await?;
-    outbox::writer::append(tx, tenant, outbox::EventType::OrderCreated, &order).await?;
+    outbox::writer::append(tx, &event(tenant, EventType::OrderCreated, &order)).await?;
     Ok(order)
 }
 
@@ -56,13 +60,26 @@ pub async fn cancel(
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(order) = cancelled {
-        outbox::writer::append(tx, tenant, outbox::EventType::OrderCancelled, &order).await?;
+        outbox::writer::append(tx, &event(tenant, EventType::OrderCancelled, &order)).await?;
         return Ok(CancelOutcome::Cancelled(order));
     }
     Ok(match get(&mut *tx, tenant, id).await? {
         Some(order) => CancelOutcome::AlreadyCancelled(order),
         None => CancelOutcome::NotFound,
     })
+}
+
+/// The event a change emits: the order as it is after the change, ordered among the
+/// order's events by its version.
+fn event(tenant: TenantId, event_type: EventType, order: &Order) -> NewEvent {
+    NewEvent {
+        tenant,
+        event_type,
+        aggregate_id: order.id,
+        aggregate_seq: order.version,
+        occurred_at: order.updated_at,
+        order: order.to_event_state(),
+    }
 }
 
 /// One order of this tenant.
@@ -89,6 +106,22 @@ pub struct PageAfter {
     pub id: Uuid,
 }
 
+/// The first page of a tenant's orders, newest first.
+pub const LIST_FIRST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM orders WHERE tenant_id = $1
+     ORDER BY created_at DESC, id DESC LIMIT $2"
+);
+
+/// A later page: the orders after the position `($2, $3)`.
+pub const LIST_AFTER: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM orders WHERE tenant_id = $1 AND (created_at, id) < ($2, $3)
+     ORDER BY created_at DESC, id DESC LIMIT $4"
+);
+
 /// Newest first, keyset-paginated on `(created_at, id)`; returns up to `limit` orders.
 pub async fn list(
     db: impl PgExecutor<'_>,
@@ -98,30 +131,20 @@ pub async fn list(
 ) -> sqlx::Result<Vec<Order>> {
     match after {
         None => {
-            sqlx::query_as(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM orders WHERE tenant_id = $1
-                 ORDER BY created_at DESC, id DESC LIMIT $2"
-            ))
-            .bind(tenant.0)
-            .bind(limit)
-            .fetch_all(db)
-            .await
+            sqlx::query_as(LIST_FIRST)
+                .bind(tenant.0)
+                .bind(limit)
+                .fetch_all(db)
+                .await
         }
         Some(after) => {
-            sqlx::query_as(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM orders WHERE tenant_id = $1 AND (created_at, id) < ($2, $3)
-                 ORDER BY created_at DESC, id DESC LIMIT $4"
-            ))
-            .bind(tenant.0)
-            .bind(after.created_at)
-            .bind(after.id)
-            .bind(limit)
-            .fetch_all(db)
-            .await
+            sqlx::query_as(LIST_AFTER)
+                .bind(tenant.0)
+                .bind(after.created_at)
+                .bind(after.id)
+                .bind(limit)
+                .fetch_all(db)
+                .await
         }
     }
 }

@@ -7,11 +7,13 @@ use std::{future::Future, pin::Pin};
 
 use uuid::Uuid;
 
+use crate::metrics::{EventType, FailureReason};
+
 /// One event to publish.
 #[derive(Debug, Clone)]
 pub struct Message {
     pub event_id: Uuid,
-    pub event_type: String,
+    pub event_type: EventType,
     pub tenant_id: Uuid,
     /// The order id: the FIFO message group.
     pub aggregate_id: Uuid,
@@ -33,8 +35,8 @@ pub enum Retry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishError {
     pub retry: Retry,
-    /// A low-cardinality error class, usable as a metric label.
-    pub reason: &'static str,
+    /// A low-cardinality error class, the metric label.
+    pub reason: FailureReason,
     /// Full detail for the row's `last_error` and the log.
     pub detail: String,
 }
@@ -53,16 +55,17 @@ pub trait Publisher: Send + Sync {
 
 /// Classifies an AWS error code (SNS or KMS). Unknown codes count as transient when
 /// the server took the blame and permanent when the sender did.
-pub fn classify(code: &str, sender_fault: bool) -> (Retry, &'static str) {
+pub fn classify(code: &str, sender_fault: bool) -> (Retry, FailureReason) {
+    use FailureReason as R;
     match code {
         "Throttling"
         | "ThrottlingException"
         | "Throttled"
         | "TooManyRequestsException"
-        | "RequestLimitExceeded" => (Retry::Transient, "throttling"),
-        "KMSThrottling" | "KMSThrottlingException" => (Retry::Transient, "kms_throttling"),
+        | "RequestLimitExceeded" => (Retry::Transient, R::Throttling),
+        "KMSThrottling" | "KMSThrottlingException" => (Retry::Transient, R::KmsThrottling),
         "InternalError" | "InternalFailure" | "ServiceUnavailable" | "InternalServerError" => {
-            (Retry::Transient, "server")
+            (Retry::Transient, R::Server)
         }
         "InvalidParameter"
         | "InvalidParameterValue"
@@ -72,8 +75,8 @@ pub fn classify(code: &str, sender_fault: bool) -> (Retry, &'static str) {
         | "TooManyEntriesInBatchRequest"
         | "BatchEntryIdsNotDistinct"
         | "EmptyBatchRequest"
-        | "InvalidBatchEntryId" => (Retry::Permanent, "invalid_parameter"),
-        "NotFound" | "NotFoundException" | "ResourceNotFound" => (Retry::Permanent, "not_found"),
+        | "InvalidBatchEntryId" => (Retry::Permanent, R::InvalidParameter),
+        "NotFound" | "NotFoundException" | "ResourceNotFound" => (Retry::Permanent, R::NotFound),
         "AuthorizationError"
         | "AccessDenied"
         | "AccessDeniedException"
@@ -81,11 +84,11 @@ pub fn classify(code: &str, sender_fault: bool) -> (Retry, &'static str) {
         | "InvalidClientTokenId"
         | "SignatureDoesNotMatch"
         | "ExpiredToken"
-        | "UnrecognizedClientException" => (Retry::Permanent, "authorization"),
+        | "UnrecognizedClientException" => (Retry::Permanent, R::Authorization),
         "KMSDisabled" | "KMSInvalidState" | "KMSNotFound" | "KMSOptInRequired"
-        | "KMSAccessDenied" => (Retry::Permanent, "kms"),
-        _ if sender_fault => (Retry::Permanent, "other_client"),
-        _ => (Retry::Transient, "other_server"),
+        | "KMSAccessDenied" => (Retry::Permanent, R::Kms),
+        _ if sender_fault => (Retry::Permanent, R::OtherClient),
+        _ => (Retry::Transient, R::OtherServer),
     }
 }
 
@@ -123,11 +126,11 @@ mod tests {
     fn unknown_codes_follow_the_fault() {
         assert_eq!(
             classify("SomethingNew", true),
-            (Retry::Permanent, "other_client")
+            (Retry::Permanent, FailureReason::OtherClient)
         );
         assert_eq!(
             classify("SomethingNew", false),
-            (Retry::Transient, "other_server")
+            (Retry::Transient, FailureReason::OtherServer)
         );
     }
 }

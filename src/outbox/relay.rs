@@ -10,7 +10,8 @@
 use std::{sync::Arc, time::Duration};
 
 use sqlx::{PgPool, postgres::PgListener};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     backoff::Backoff,
@@ -73,10 +74,10 @@ impl Relay {
         self.config.publish_timeout * 3 / 2 + Duration::from_secs(1)
     }
 
-    /// Runs until `shutdown` flips to true, then returns after finishing the round in
+    /// Runs until `shutdown` is cancelled, then returns after finishing the round in
     /// progress (a round's rows are either marked or, if the process dies, re-published
     /// once their lease runs out).
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: CancellationToken) {
         let listener = self.listen.then(|| {
             tokio::spawn(listen(
                 self.pool.clone(),
@@ -90,7 +91,7 @@ impl Relay {
             "outbox relay started"
         );
         loop {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 break;
             }
             match self.round().await {
@@ -104,11 +105,12 @@ impl Relay {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.config.poll) => {}
-                _ = shutdown.changed() => {}
+                _ = shutdown.cancelled() => {}
             }
         }
         if let Some(listener) = listener {
-            listener.abort();
+            // It watches the same token, so it is ending too.
+            let _ = listener.await;
         }
         tracing::info!("outbox relay stopped");
     }
@@ -134,7 +136,7 @@ impl Relay {
         for (event, outcome) in batch.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
-                    metrics::published(&event.event_type, event.age_secs);
+                    metrics::published(event.event_type, event.age_secs);
                     published.push((event.tenant_id, event.event_id));
                 }
                 Err(error) => {
@@ -143,9 +145,9 @@ impl Relay {
                     let dead = error.retry == Retry::Permanent
                         || attempts as u32 >= self.config.max_attempts;
                     if dead {
-                        tracing::error!(event_id = %event.event_id, attempts, reason = error.reason, error = %error.detail, "outbox event is DEAD");
+                        tracing::error!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "outbox event is DEAD");
                     } else {
-                        tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason, error = %error.detail, "publish failed; will retry");
+                        tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "publish failed; will retry");
                     }
                     failures.push(Failure {
                         tenant_id: event.tenant_id,
@@ -174,7 +176,7 @@ impl Relay {
 fn to_message(event: &PendingEvent) -> Message {
     Message {
         event_id: event.event_id,
-        event_type: event.event_type.clone(),
+        event_type: event.event_type,
         tenant_id: event.tenant_id,
         aggregate_id: event.aggregate_id,
         body: event.payload.clone(),
@@ -183,7 +185,7 @@ fn to_message(event: &PendingEvent) -> Message {
 
 /// Keeps a LISTEN connection and turns notifications into wake-ups. When the
 /// connection drops, the relay keeps polling while this reconnects with a backoff.
-async fn listen(pool: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+async fn listen(pool: PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut pause = Duration::from_millis(100);
     loop {
         let connected = async {
@@ -211,7 +213,7 @@ async fn listen(pool: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<b
                                 break;
                             }
                         },
-                        _ = shutdown.changed() => return,
+                        _ = shutdown.cancelled() => return,
                     }
                 }
             }
@@ -221,7 +223,7 @@ async fn listen(pool: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<b
         }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = shutdown.changed() => return,
+            _ = shutdown.cancelled() => return,
         }
         pause = (pause * 2).min(Duration::from_secs(10));
     }

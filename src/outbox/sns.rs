@@ -12,6 +12,7 @@ use aws_sdk_sns::{
 };
 
 use super::publisher::{Message, Outcomes, PublishError, Publisher, Retry, classify};
+use crate::metrics::FailureReason;
 
 /// SNS accepts at most 10 entries per `PublishBatch` ...
 pub const MAX_BATCH_ENTRIES: usize = 10;
@@ -63,7 +64,7 @@ impl SnsPublisher {
         };
         let attributes: HashMap<String, MessageAttributeValue> = [
             ("event_id", message.event_id.to_string()),
-            ("event_type", message.event_type.clone()),
+            ("event_type", message.event_type.as_str().to_string()),
             ("tenant_id", message.tenant_id.to_string()),
             ("aggregate_id", message.aggregate_id.to_string()),
         ]
@@ -136,7 +137,7 @@ impl SnsPublisher {
                 o.unwrap_or_else(|| {
                     Err(PublishError {
                         retry: Retry::Transient,
-                        reason: "other_server",
+                        reason: FailureReason::OtherServer,
                         detail: "no result for this entry in the PublishBatch response".into(),
                     })
                 })
@@ -196,13 +197,13 @@ fn entry_size(message: &Message) -> usize {
         + "aggregate_id".len()
         + 4 * "String".len()
         + 3 * 36;
-    message.body.len() + ATTRIBUTES + message.event_type.len()
+    message.body.len() + ATTRIBUTES + message.event_type.as_str().len()
 }
 
 fn timeout_error(timeout: Duration) -> PublishError {
     PublishError {
         retry: Retry::Transient,
-        reason: "timeout",
+        reason: FailureReason::Timeout,
         detail: format!("no answer from SNS within {timeout:?}"),
     }
 }
@@ -216,17 +217,17 @@ where
     match err {
         SdkError::TimeoutError(_) => PublishError {
             retry: Retry::Transient,
-            reason: "timeout",
+            reason: FailureReason::Timeout,
             detail,
         },
         SdkError::DispatchFailure(_) => PublishError {
             retry: Retry::Transient,
-            reason: "network",
+            reason: FailureReason::Network,
             detail,
         },
         SdkError::ResponseError(_) => PublishError {
             retry: Retry::Transient,
-            reason: "server",
+            reason: FailureReason::Server,
             detail,
         },
         SdkError::ServiceError(service) => {
@@ -243,7 +244,7 @@ where
         // Could not even build the request: a bug or bad configuration, not SNS's state.
         _ => PublishError {
             retry: Retry::Permanent,
-            reason: "other_client",
+            reason: FailureReason::OtherClient,
             detail,
         },
     }
@@ -270,7 +271,7 @@ mod tests {
     fn message(body_len: usize) -> Message {
         Message {
             event_id: Uuid::new_v4(),
-            event_type: "OrderCreated".into(),
+            event_type: crate::metrics::EventType::OrderCreated,
             tenant_id: Uuid::new_v4(),
             aggregate_id: Uuid::new_v4(),
             body: "x".repeat(body_len),

@@ -9,13 +9,15 @@
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
+use crate::metrics::EventType;
+
 /// A claimed event, ready to publish.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct PendingEvent {
     pub tenant_id: Uuid,
     pub event_id: Uuid,
     pub aggregate_id: Uuid,
-    pub event_type: String,
+    pub event_type: EventType,
     /// The SNS message body.
     pub payload: String,
     /// Failed attempts so far.
@@ -24,42 +26,114 @@ pub struct PendingEvent {
     pub age_secs: f64,
 }
 
-/// Claims up to `batch` due events that are the oldest unpublished event of their
-/// order, and leases them for `lease_ms`.
+#[derive(sqlx::FromRow)]
+struct PendingRow {
+    tenant_id: Uuid,
+    event_id: Uuid,
+    aggregate_id: Uuid,
+    event_type: String,
+    payload: String,
+    attempts: i32,
+    age_secs: f64,
+}
+
+/// Up to `$1` due events that are the oldest unpublished event of their order, leased
+/// for `$2` milliseconds.
 ///
 /// Per-order ordering lives in the `NOT EXISTS`: an event waits while any earlier
 /// event of its order is not yet PUBLISHED (pending, in flight at another relay, or
 /// DEAD), so each order has at most one event in flight across all relays and
 /// consumers see an order's events in commit order. Other orders are unaffected.
 /// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
+pub const CLAIM_DUE: &str = "WITH due AS (
+         SELECT e.tenant_id, e.event_id
+         FROM outbox_event e
+         WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
+           AND NOT EXISTS (
+               SELECT 1 FROM outbox_event earlier
+               WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
+                 AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
+         ORDER BY e.next_attempt_at
+         LIMIT $1
+         FOR UPDATE OF e SKIP LOCKED)
+     UPDATE outbox_event o
+     SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
+     FROM due
+     WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
+     RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
+               extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
+
+pub const MARK_PUBLISHED: &str = "UPDATE outbox_event o
+     SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
+     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
+     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'";
+
+pub const MARK_FAILED: &str = "UPDATE outbox_event o
+     SET attempts = f.attempts,
+         status = CASE WHEN f.dead THEN 'DEAD' ELSE 'PENDING' END,
+         next_attempt_at = clock_timestamp() + f.retry_ms * interval '1 millisecond',
+         last_error = f.error
+     FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
+          AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
+     WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'";
+
+/// Pending count, oldest pending age, dead count: from the partial indexes only, so it
+/// stays cheap however many published rows the table holds.
+pub const STATS: &str = "SELECT (SELECT count(*) FROM outbox_event WHERE status = 'PENDING'),
+            (SELECT extract(epoch FROM clock_timestamp() - min(occurred_at))::float8
+               FROM outbox_event WHERE status = 'PENDING'),
+            (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')";
+
+pub const REDRIVE_ONE: &str = "UPDATE outbox_event
+     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+     WHERE status = 'DEAD' AND event_id = $1";
+
+pub const REDRIVE_ALL: &str = "UPDATE outbox_event
+     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+     WHERE status = 'DEAD'";
+
+/// Up to `$2` events published more than `$1` seconds ago, oldest first.
+pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
+     WHERE (tenant_id, event_id) IN (
+         SELECT tenant_id, event_id FROM outbox_event
+         WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - $1 * interval '1 second'
+         ORDER BY published_at
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)";
+
+/// Claims up to `batch` due events (see [`CLAIM_DUE`]) and leases them for `lease_ms`.
 pub async fn claim_due(
     pool: &PgPool,
     batch: i64,
     lease_ms: i64,
 ) -> sqlx::Result<Vec<PendingEvent>> {
-    sqlx::query_as(
-        "WITH due AS (
-             SELECT e.tenant_id, e.event_id
-             FROM outbox_event e
-             WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
-               AND NOT EXISTS (
-                   SELECT 1 FROM outbox_event earlier
-                   WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
-                     AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
-             ORDER BY e.next_attempt_at
-             LIMIT $1
-             FOR UPDATE OF e SKIP LOCKED)
-         UPDATE outbox_event o
-         SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
-         FROM due
-         WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
-         RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
-                   extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs",
-    )
-    .bind(batch)
-    .bind(lease_ms)
-    .fetch_all(pool)
-    .await
+    let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_DUE)
+        .bind(batch)
+        .bind(lease_ms)
+        .fetch_all(pool)
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            let event_type = EventType::parse(&row.event_type).ok_or_else(|| {
+                sqlx::Error::Decode(
+                    format!(
+                        "outbox_event holds an unknown event_type `{}`",
+                        row.event_type
+                    )
+                    .into(),
+                )
+            })?;
+            Ok(PendingEvent {
+                tenant_id: row.tenant_id,
+                event_id: row.event_id,
+                aggregate_id: row.aggregate_id,
+                event_type,
+                payload: row.payload,
+                attempts: row.attempts,
+                age_secs: row.age_secs,
+            })
+        })
+        .collect()
 }
 
 /// Marks events acknowledged by SNS.
@@ -68,15 +142,11 @@ pub async fn mark_published(db: impl PgExecutor<'_>, events: &[(Uuid, Uuid)]) ->
         return Ok(0);
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sqlx::query(
-        "UPDATE outbox_event o SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
-         FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
-         WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'",
-    )
-    .bind(tenants)
-    .bind(ids)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(MARK_PUBLISHED)
+        .bind(tenants)
+        .bind(ids)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }
 
@@ -108,24 +178,15 @@ pub async fn mark_failed(db: impl PgExecutor<'_>, failures: &[Failure]) -> sqlx:
         .iter()
         .map(|f| f.error.chars().take(2000).collect())
         .collect();
-    let done = sqlx::query(
-        "UPDATE outbox_event o
-         SET attempts = f.attempts,
-             status = CASE WHEN f.dead THEN 'DEAD' ELSE 'PENDING' END,
-             next_attempt_at = clock_timestamp() + f.retry_ms * interval '1 millisecond',
-             last_error = f.error
-         FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
-              AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
-         WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'",
-    )
-    .bind(tenants)
-    .bind(ids)
-    .bind(attempts)
-    .bind(dead)
-    .bind(retry)
-    .bind(errors)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(MARK_FAILED)
+        .bind(tenants)
+        .bind(ids)
+        .bind(attempts)
+        .bind(dead)
+        .bind(retry)
+        .bind(errors)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }
 
@@ -138,17 +199,9 @@ pub struct Stats {
     pub dead: i64,
 }
 
-/// Counts from the partial indexes only, so it stays cheap however many published rows
-/// the table holds.
 pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
-    let (pending, oldest, dead): (i64, Option<f64>, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM outbox_event WHERE status = 'PENDING'),
-                (SELECT extract(epoch FROM clock_timestamp() - min(occurred_at))::float8
-                   FROM outbox_event WHERE status = 'PENDING'),
-                (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')",
-    )
-    .fetch_one(db)
-    .await?;
+    let (pending, oldest, dead): (i64, Option<f64>, i64) =
+        sqlx::query_as(STATS).fetch_one(db).await?;
     Ok(Stats {
         pending,
         oldest_pending_age_secs: oldest.unwrap_or(0.0).max(0.0),
@@ -156,15 +209,15 @@ pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
     })
 }
 
-/// Puts DEAD events back in line (all of them, or one by `event_id`); returns how many.
-pub async fn redrive(db: impl PgExecutor<'_>, event_id: Option<Uuid>) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "UPDATE outbox_event SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
-         WHERE status = 'DEAD' AND ($1::uuid IS NULL OR event_id = $1)",
-    )
-    .bind(event_id)
-    .execute(db)
-    .await?;
+/// Puts one DEAD event back in line; returns how many (0 or 1).
+pub async fn redrive_one(db: impl PgExecutor<'_>, event_id: Uuid) -> sqlx::Result<u64> {
+    let done = sqlx::query(REDRIVE_ONE).bind(event_id).execute(db).await?;
+    Ok(done.rows_affected())
+}
+
+/// Puts every DEAD event back in line; returns how many.
+pub async fn redrive_all_dead(db: impl PgExecutor<'_>) -> sqlx::Result<u64> {
+    let done = sqlx::query(REDRIVE_ALL).execute(db).await?;
     Ok(done.rows_affected())
 }
 
@@ -174,18 +227,10 @@ pub async fn purge_published(
     retention_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM outbox_event
-         WHERE (tenant_id, event_id) IN (
-             SELECT tenant_id, event_id FROM outbox_event
-             WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - $1 * interval '1 second'
-             ORDER BY published_at
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(retention_secs)
-    .bind(batch)
-    .execute(db)
-    .await?;
+    let done = sqlx::query(PURGE_PUBLISHED)
+        .bind(retention_secs)
+        .bind(batch)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }

@@ -7,7 +7,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{Reply, SECRET, TestApp, new_key, order_body, spawn_app, spawn_app_with};
+use crate::support::{Reply, SECRET, TestApp, new_key, order_body, spawn_app, spawn_app_with};
 
 const RSA_PRIVATE: &[u8] = include_bytes!("../fixtures/rsa_private.pem");
 const EC_PRIVATE: &[u8] = include_bytes!("../fixtures/ec_private.pem");

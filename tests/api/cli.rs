@@ -4,7 +4,7 @@ use std::{process::Command, time::Duration};
 
 use uuid::Uuid;
 
-use crate::helpers::{SECRET, ServeProcess, TestDb, order_body};
+use crate::support::{SECRET, ServeProcess, TestDb, order_body};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use futures::future::join_all;
 use uuid::Uuid;
 
-use crate::helpers::{Reply, new_key, order_body, spawn_app, spawn_app_with};
+use crate::support::{Reply, new_key, order_body, spawn_app, spawn_app_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_identical_creates_at_once_make_exactly_one_order() {

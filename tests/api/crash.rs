@@ -9,7 +9,7 @@ use std::{net::TcpListener, path::PathBuf, process::Command, time::Duration};
 
 use uuid::Uuid;
 
-use crate::helpers::{TestDb, new_key, order_body, spawn_app_on};
+use crate::support::{TestDb, new_key, order_body, spawn_app_on};
 
 /// A PostgreSQL cluster in a temporary folder, stopped and removed on drop.
 struct Cluster {

@@ -4,7 +4,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::helpers::{
+use crate::support::{
     TestApp, create_fingerprint, new_key, order_body, post_order, spawn_app, spawn_app_with,
 };
 

@@ -1,15 +1,33 @@
-//! The hot-path queries use the indexes they were designed for (EXPLAIN, on a table
-//! big enough that the planner would rather not scan it).
+//! The hot-path statements use the indexes they were designed for: EXPLAIN of the very
+//! statements the code runs (their SQL constants, with typical parameters), on tables
+//! big enough that the planner would rather not scan them.
 
-use crate::helpers::TestDb;
+use orderd::{
+    idempotency::store as idem, metrics::Endpoint, orders::store as orders, outbox::store as outbox,
+};
+use sqlx::{Postgres, postgres::PgArguments, query::Query};
+use uuid::Uuid;
 
-async fn plan(db: &TestDb, sql: &str) -> String {
-    let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+use crate::support::TestDb;
+
+/// `EXPLAIN` of `sql`, with the parameters `bind` adds.
+async fn plan(
+    db: &TestDb,
+    sql: &str,
+    bind: impl FnOnce(Query<'_, Postgres, PgArguments>) -> Query<'_, Postgres, PgArguments>,
+) -> String {
+    let query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
+    let rows: Vec<String> = bind(query)
         .fetch_all(&db.pool)
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|row| sqlx::Row::get(&row, 0))
+        .collect();
     rows.join("\n")
 }
+
+const TENANT: Uuid = Uuid::from_u128(1);
 
 async fn seeded() -> TestDb {
     let db = TestDb::new().await;
@@ -38,58 +56,75 @@ async fn seeded() -> TestDb {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_replay_purge_and_list_queries_use_their_indexes() {
+async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     let db = seeded().await;
-    let claim = plan(
-        &db,
-        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-         VALUES (gen_random_uuid(), 'POST /v1/orders', 'k', '\\x00'::bytea, 'PROCESSING', gen_random_uuid(), now(), now())
-         ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING",
-    )
+    let endpoint = Endpoint::CreateOrder.as_str();
+    let claim = plan(&db, idem::CLAIM, |q| {
+        q.bind(TENANT)
+            .bind(endpoint)
+            .bind("key-1")
+            .bind(vec![0u8; 32])
+            .bind(Uuid::new_v4())
+            .bind(30_000i64)
+    })
     .await;
     assert!(
         claim.contains("Conflict Arbiter Indexes: idempotency_record_pkey"),
         "{claim}"
     );
-
-    let replay = plan(
-        &db,
-        "SELECT state FROM idempotency_record
-         WHERE tenant_id = '00000000-0000-0000-0000-000000000001' AND endpoint = 'POST /v1/orders' AND idem_key = 'key-1'",
-    )
+    for (name, sql) in [("read", idem::READ), ("release", idem::RELEASE)] {
+        let by_key = plan(&db, sql, |q| {
+            let q = q.bind(TENANT).bind(endpoint).bind("key-1");
+            if name == "release" {
+                q.bind(Uuid::new_v4())
+            } else {
+                q
+            }
+        })
+        .await;
+        assert!(
+            by_key.contains("idempotency_record_pkey"),
+            "{name}: {by_key}"
+        );
+    }
+    let complete = plan(&db, idem::COMPLETE, |q| {
+        q.bind(TENANT)
+            .bind(endpoint)
+            .bind("key-1")
+            .bind(Uuid::new_v4())
+            .bind(201i16)
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(vec![0u8])
+            .bind(60i64)
+    })
     .await;
-    assert!(replay.contains("idempotency_record_pkey"), "{replay}");
+    assert!(complete.contains("idempotency_record_pkey"), "{complete}");
 
-    let purge_expired = plan(
-        &db,
-        "SELECT tenant_id FROM idempotency_record WHERE state = 'COMPLETED' AND expires_at <= clock_timestamp()
-         ORDER BY expires_at LIMIT 1000 FOR UPDATE SKIP LOCKED",
-    )
-    .await;
+    let purge_expired = plan(&db, idem::PURGE_EXPIRED, |q| q.bind(1000i64)).await;
     assert!(
         purge_expired.contains("idempotency_record_expired"),
         "{purge_expired}"
     );
-
-    let purge_abandoned = plan(
-        &db,
-        "SELECT tenant_id FROM idempotency_record WHERE state = 'PROCESSING' AND lease_until <= clock_timestamp() - interval '1 hour'
-         ORDER BY lease_until LIMIT 1000 FOR UPDATE SKIP LOCKED",
-    )
+    let purge_abandoned = plan(&db, idem::PURGE_ABANDONED, |q| {
+        q.bind(3600i64).bind(1000i64)
+    })
     .await;
     assert!(
         purge_abandoned.contains("idempotency_record_abandoned"),
         "{purge_abandoned}"
     );
 
-    let list = plan(
-        &db,
-        "SELECT id FROM orders WHERE tenant_id = '00000000-0000-0000-0000-000000000001'
-           AND (created_at, id) < (now(), '00000000-0000-0000-0000-000000000000')
-         ORDER BY created_at DESC, id DESC LIMIT 21",
-    )
+    let first = plan(&db, orders::LIST_FIRST, |q| q.bind(TENANT).bind(21i64)).await;
+    assert!(first.contains("orders_tenant_newest"), "{first}");
+    let after = plan(&db, orders::LIST_AFTER, |q| {
+        q.bind(TENANT)
+            .bind(chrono::Utc::now())
+            .bind(Uuid::nil())
+            .bind(21i64)
+    })
     .await;
-    assert!(list.contains("orders_tenant_newest"), "{list}");
+    assert!(after.contains("orders_tenant_newest"), "{after}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,29 +143,14 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
     .execute(&db.pool)
     .await
     .unwrap();
-    let stats = plan(
-        &db,
-        "SELECT (SELECT count(*) FROM outbox_event WHERE status = 'PENDING'),
-                (SELECT min(occurred_at) FROM outbox_event WHERE status = 'PENDING'),
-                (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')",
-    )
-    .await;
+    let stats = plan(&db, outbox::STATS, |q| q).await;
     assert!(!stats.contains("Seq Scan"), "{stats}");
     assert!(
         stats.contains("outbox_event_pending") && stats.contains("outbox_event_dead"),
         "{stats}"
     );
 
-    let claim = plan(
-        &db,
-        "SELECT e.tenant_id, e.event_id FROM outbox_event e
-         WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
-           AND NOT EXISTS (SELECT 1 FROM outbox_event earlier
-                           WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
-                             AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
-         ORDER BY e.next_attempt_at LIMIT 100 FOR UPDATE OF e SKIP LOCKED",
-    )
-    .await;
+    let claim = plan(&db, outbox::CLAIM_DUE, |q| q.bind(100i64).bind(16_000i64)).await;
     assert!(!claim.contains("Seq Scan"), "{claim}");
     assert!(claim.contains("outbox_event_pending"), "{claim}");
     assert!(
@@ -138,11 +158,12 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
         "{claim}"
     );
 
-    let purge = plan(
-        &db,
-        "SELECT tenant_id FROM outbox_event WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - interval '1 day'
-         ORDER BY published_at LIMIT 1000 FOR UPDATE SKIP LOCKED",
-    )
+    let redrive = plan(&db, outbox::REDRIVE_ALL, |q| q).await;
+    assert!(redrive.contains("outbox_event_dead"), "{redrive}");
+
+    let purge = plan(&db, outbox::PURGE_PUBLISHED, |q| {
+        q.bind(86_400i64).bind(1000i64)
+    })
     .await;
     assert!(purge.contains("outbox_event_published"), "{purge}");
 }

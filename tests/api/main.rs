@@ -1,7 +1,7 @@
 //! Integration tests: the real binary's code against a real PostgreSQL server, one
-//! database per test, requests over real HTTP on loopback.
+//! database per test, requests over real HTTP on loopback, moto as SNS.
 
-mod helpers;
+mod support;
 
 mod auth;
 mod cli;
@@ -13,7 +13,5 @@ mod observability;
 mod openapi;
 mod orders;
 mod outbox;
-mod proxy;
 mod purge;
-mod sns;
 mod validation;

@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::{
-    helpers::{ServeProcess, TestDb, create_fingerprint, new_key, order_body, post_order, sample},
-    proxy::{Mode, Proxy},
-    sns::{Topic, aws_env, moto_address},
+    support::proxy::{Mode, Proxy},
+    support::sns::{Topic, aws_env, moto_address},
+    support::{ServeProcess, TestDb, create_fingerprint, new_key, order_body, post_order, sample},
 };
 
 const CREATE: &str = r#"{endpoint="POST /v1/orders",outcome="#;
@@ -345,7 +345,7 @@ async fn a_real_prometheus_scrapes_orderd_and_every_dashboard_and_alert_expressi
         .local_addr()
         .unwrap()
         .port();
-    let _prometheus = crate::helpers::KillOnDrop(
+    let _prometheus = crate::support::KillOnDrop(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -540,10 +540,10 @@ async fn a_standalone_relay_serves_its_own_metrics_and_stops_cleanly_on_sigterm(
         .local_addr()
         .unwrap()
         .port();
-    let relay = crate::helpers::KillOnDrop(
+    let relay = crate::support::KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_orderd"))
             .arg("relay")
-            .envs(aws_env(&crate::sns::moto_endpoint()))
+            .envs(aws_env(&crate::support::sns::moto_endpoint()))
             .env("DATABASE_URL", &db.url)
             .env("ORDERD_SNS_TOPIC_ARN", &topic.arn)
             .env("ORDERD_METRICS_BIND", format!("127.0.0.1:{port}"))

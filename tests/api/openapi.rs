@@ -2,7 +2,7 @@
 
 use sqlx::Connection;
 
-use crate::helpers::{Reply, spawn_app};
+use crate::support::{Reply, spawn_app};
 
 const COMMITTED: &str = include_str!("../../openapi/openapi.yaml");
 
@@ -72,7 +72,7 @@ async fn swagger_ui_and_probes_answer() {
 async fn readyz_is_503_when_the_database_is_gone() {
     let app = spawn_app().await;
     // Forbid new connections to this database and terminate the existing ones.
-    let mut admin = sqlx::PgConnection::connect(&crate::helpers::admin_url())
+    let mut admin = sqlx::PgConnection::connect(&crate::support::admin_url())
         .await
         .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(

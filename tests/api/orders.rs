@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::helpers::{new_key, order_body, spawn_app};
+use crate::support::{new_key, order_body, spawn_app};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_order_can_be_read_back_as_created() {

@@ -8,13 +8,12 @@ use std::{collections::HashMap, future::Future, pin::Pin, time::Duration};
 use orderd::outbox::publisher::{Message, Outcomes, Publisher};
 
 use serde_json::Value;
-use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::{
-    helpers::{SECRET, TestApp, TestDb, new_key, order_body, settings, spawn_publishing_app},
-    proxy::{Mode, Proxy},
-    sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
+    support::proxy::{Mode, Proxy},
+    support::sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
+    support::{SECRET, TestApp, TestDb, new_key, order_body, settings, spawn_publishing_app},
 };
 
 async fn status_counts(db: &TestDb) -> HashMap<String, i64> {
@@ -134,7 +133,7 @@ async fn on_a_fifo_topic_messages_carry_group_and_deduplication_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one() {
     let db = TestDb::new().await;
-    let tenant = orderd::auth::TenantId(Uuid::new_v4());
+    let tenant = orderd::tenant::TenantId(Uuid::new_v4());
     let new = orderd::orders::NewOrder {
         sku: "ATOM-1".into(),
         quantity: 1,
@@ -248,7 +247,7 @@ async fn with_sns_down_writes_still_succeed_and_the_backlog_drains_in_order_when
 async fn a_relay_killed_between_publishing_and_marking_redelivers_with_the_same_event_id() {
     let topic = Topic::create(false).await;
     let proxy = Proxy::start(moto_address()).await;
-    let app = crate::helpers::spawn_app().await;
+    let app = crate::support::spawn_app().await;
     let (created, cancelled) = create_and_cancel(&app, &app.token(Uuid::new_v4())).await;
     proxy.set(Mode::HoldResponses);
 
@@ -343,8 +342,8 @@ impl Publisher for Observed {
 async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_order() {
     // moto delivers to SQS at only ~100 messages/s, so this volume goes to a topic of
     // its own with no queue; what SNS acknowledged is observed at the publisher.
-    let moto = crate::sns::start_moto();
-    let arn = crate::sns::sns_client(&moto)
+    let moto = crate::support::sns::start_moto();
+    let arn = crate::support::sns::sns_client(&moto)
         .await
         .create_topic()
         .name("bulk")
@@ -372,20 +371,20 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
         inner: publisher(&moto, &arn, &config).await,
         acknowledged: Default::default(),
     });
-    let (stop, stopped) = watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let mut relays = Vec::new();
     for _ in 0..3 {
         let pool = orderd::db::connect(&db.url, 4).await.unwrap();
         let relay =
             orderd::outbox::relay::Relay::new(pool, observed.clone(), config.outbox.clone());
-        relays.push(tokio::spawn(relay.run(stopped.clone())));
+        relays.push(tokio::spawn(relay.run(stop.clone())));
     }
     db.until_count(
         "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
         3000,
     )
     .await;
-    stop.send(true).unwrap();
+    stop.cancel();
     for relay in relays {
         relay.await.unwrap();
     }
@@ -562,9 +561,10 @@ async fn a_transaction_that_commits_late_is_not_skipped() {
         quantity: 1,
         customer_ref: None,
     };
-    let late_order = orderd::orders::store::create(&mut late, orderd::auth::TenantId(tenant), &new)
-        .await
-        .unwrap();
+    let late_order =
+        orderd::orders::store::create(&mut late, orderd::tenant::TenantId(tenant), &new)
+            .await
+            .unwrap();
 
     // A newer write commits and is published first.
     let newer = app
@@ -642,7 +642,7 @@ async fn published_row_retention_deletes_in_batches_and_never_touches_pending_or
     .execute(&db.pool)
     .await
     .unwrap();
-    let deleted = orderd::maintenance::purge_outbox_once(&db.pool, Duration::from_secs(3600), 10)
+    let deleted = orderd::retention::purge_outbox_once(&db.pool, Duration::from_secs(3600), 10)
         .await
         .unwrap();
     assert_eq!(deleted, 25);

@@ -1,8 +1,8 @@
 //! Retention: expired keys and long-abandoned claims go, in batches; nothing else does.
 
-use orderd::maintenance::{PurgeReport, purge_once};
+use orderd::retention::{IdempotencyPurge, purge_idempotency_once};
 
-use crate::helpers::TestDb;
+use crate::support::TestDb;
 
 async fn seed(db: &TestDb, n: i32, state: &str, expires: &str, lease: &str) {
     sqlx::query(
@@ -44,10 +44,10 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
     seed(&db, 4, "PROCESSING", "0 seconds", "30 seconds").await; // in flight
 
     // A batch of 10 forces several rounds.
-    let report = purge_once(&db.pool, 10).await.unwrap();
+    let report = purge_idempotency_once(&db.pool, 10).await.unwrap();
     assert_eq!(
         report,
-        PurgeReport {
+        IdempotencyPurge {
             expired_keys: 25,
             abandoned_claims: 7
         }
@@ -56,7 +56,7 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
     assert_eq!(count(&db, "PROCESSING").await, 7);
     // A second pass finds nothing.
     assert_eq!(
-        purge_once(&db.pool, 10).await.unwrap(),
-        PurgeReport::default()
+        purge_idempotency_once(&db.pool, 10).await.unwrap(),
+        IdempotencyPurge::default()
     );
 }

@@ -3,7 +3,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::helpers::{Reply, TestApp, new_key, spawn_app};
+use crate::support::{Reply, TestApp, new_key, spawn_app};
 
 async fn assert_nothing_written(app: &TestApp) {
     assert_eq!(

@@ -1,4 +1,5 @@
-//! OpenAPI descriptions of problem responses, shared by every operation.
+//! OpenAPI descriptions of the problem responses operations share. These wrappers only
+//! document: they pass the wrapped response through unchanged.
 
 use poem::{IntoResponse, Response};
 use poem_openapi::{
@@ -7,10 +8,10 @@ use poem_openapi::{
     types::Type,
 };
 
-use crate::problem::{PROBLEM_JSON, ProblemDetails};
+use super::problem::{PROBLEM_JSON, ProblemDetails};
 
 /// Problem responses for the given `(status, description)` pairs.
-pub fn meta(entries: &[(u16, &'static str)]) -> Vec<MetaResponse> {
+pub fn problems(entries: &[(u16, &'static str)]) -> Vec<MetaResponse> {
     entries
         .iter()
         .map(|&(status, description)| MetaResponse {
@@ -30,8 +31,8 @@ pub fn register(registry: &mut Registry) {
     ProblemDetails::register(registry);
 }
 
-/// Wraps an operation's response type to document the problems every authenticated
-/// operation may answer (bad input, authentication, scope, server failures).
+/// Documents the problems every authenticated operation may answer (bad input,
+/// authentication, scope, server failures).
 pub struct Documented<T>(pub T);
 
 impl<T: IntoResponse> IntoResponse for Documented<T> {
@@ -43,7 +44,7 @@ impl<T: IntoResponse> IntoResponse for Documented<T> {
 impl<T: ApiResponse> ApiResponse for Documented<T> {
     fn meta() -> MetaResponses {
         let mut meta = T::meta();
-        meta.responses.extend(self::meta(&[
+        meta.responses.extend(problems(&[
             (400, "The request is invalid: body, parameter, or a missing or malformed `Idempotency-Key`"),
             (
                 401,
@@ -62,5 +63,30 @@ impl<T: ApiResponse> ApiResponse for Documented<T> {
     fn register(registry: &mut Registry) {
         T::register(registry);
         register(registry);
+    }
+}
+
+/// Documents the problems of an operation that takes a JSON body: too large, or not
+/// JSON at all.
+pub struct WithBody<T>(pub T);
+
+impl<T: IntoResponse> IntoResponse for WithBody<T> {
+    fn into_response(self) -> Response {
+        self.0.into_response()
+    }
+}
+
+impl<T: ApiResponse> ApiResponse for WithBody<T> {
+    fn meta() -> MetaResponses {
+        let mut meta = T::meta();
+        meta.responses.extend(problems(&[
+            (413, "Body larger than 64 KiB"),
+            (415, "Content type is not `application/json`"),
+        ]));
+        meta
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
     }
 }

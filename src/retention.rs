@@ -8,7 +8,7 @@
 use std::{future::Future, time::Duration};
 
 use sqlx::PgPool;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::{idempotency::store, outbox};
 
@@ -18,16 +18,16 @@ pub const PURGE_BATCH: i64 = 1000;
 /// is deleted: its client has evidently given up, and a later retry simply claims anew.
 pub const ABANDONED_GRACE_SECS: i64 = 3600;
 
-/// What one purge pass deleted.
+/// What one pass over the idempotency records deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PurgeReport {
+pub struct IdempotencyPurge {
     pub expired_keys: u64,
     pub abandoned_claims: u64,
 }
 
-/// One full pass: batches until nothing more is due.
-pub async fn purge_once(pool: &PgPool, batch: i64) -> sqlx::Result<PurgeReport> {
-    Ok(PurgeReport {
+/// One full pass over the idempotency records: batches until nothing more is due.
+pub async fn purge_idempotency_once(pool: &PgPool, batch: i64) -> sqlx::Result<IdempotencyPurge> {
+    Ok(IdempotencyPurge {
         expired_keys: in_batches(batch, || store::purge_expired(pool, batch)).await?,
         abandoned_claims: in_batches(batch, || {
             store::purge_abandoned(pool, ABANDONED_GRACE_SECS, batch)
@@ -68,37 +68,32 @@ where
 
 /// Which purges a process runs.
 #[derive(Debug, Clone, Copy)]
-pub struct Jobs {
+pub struct Purges {
     /// Idempotency keys and abandoned claims (`serve`).
     pub idempotency: bool,
     /// Published outbox rows older than this (wherever a relay runs).
     pub outbox_retention: Option<Duration>,
 }
 
-/// Runs the purges in `jobs` every `interval` until `shutdown` flips to true.
-pub async fn run_periodic(
-    pool: PgPool,
-    interval: Duration,
-    jobs: Jobs,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// Runs `purges` every `interval` until `shutdown`.
+pub async fn run(pool: PgPool, interval: Duration, purges: Purges, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = shutdown.changed() => return,
+            _ = shutdown.cancelled() => return,
         }
-        if let Some(retention) = jobs.outbox_retention {
+        if let Some(retention) = purges.outbox_retention {
             match purge_outbox_once(&pool, retention, PURGE_BATCH).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "purged published outbox events"),
                 Err(e) => tracing::warn!(error = %e, "outbox purge failed; will retry"),
             }
         }
-        if !jobs.idempotency {
+        if !purges.idempotency {
             continue;
         }
-        match purge_once(&pool, PURGE_BATCH).await {
-            Ok(report) if report != PurgeReport::default() => {
+        match purge_idempotency_once(&pool, PURGE_BATCH).await {
+            Ok(report) if report != IdempotencyPurge::default() => {
                 tracing::info!(
                     expired_keys = report.expired_keys,
                     abandoned_claims = report.abandoned_claims,

@@ -1,7 +1,9 @@
 //! The one error type of the HTTP layer, rendered as RFC 9457 `application/problem+json`.
 //!
 //! Expected outcomes that a client must be able to tell apart (404, 409, 422, ...) are
-//! problems with a stable `type` slug from contract section 5. Unexpected failures become
+//! problems with a stable `type` slug (docs/contract.md, "Errors"). The typed errors of
+//! the layers below (authentication, the idempotency guard, key parsing, the database)
+//! are mapped here, in one place. Unexpected failures become
 //! [`Problem::internal`], whose body says nothing about the cause: the cause goes to the
 //! log, where an operator can read it, and never to the client.
 
@@ -11,6 +13,11 @@ use poem::{
 };
 use poem_openapi::Object;
 use serde::Serialize;
+
+use crate::{
+    auth::AuthError,
+    idempotency::{GuardError, KeyError},
+};
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -47,7 +54,7 @@ pub struct FieldError {
     pub message: String,
 }
 
-/// The slugs of contract section 5; `title` texts are fixed per slug.
+/// The problem types; `title` texts are fixed per slug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     IdempotencyKeyMissing,
@@ -226,6 +233,46 @@ impl From<sqlx::Error> for Problem {
                 Problem::unavailable(err)
             }
             other => Problem::internal(other),
+        }
+    }
+}
+
+impl From<KeyError> for Problem {
+    fn from(err: KeyError) -> Self {
+        let kind = match err {
+            KeyError::Missing => Kind::IdempotencyKeyMissing,
+            KeyError::Invalid => Kind::IdempotencyKeyInvalid,
+        };
+        Problem::new(kind).with_detail(err.to_string())
+    }
+}
+
+impl From<AuthError> for Problem {
+    fn from(err: AuthError) -> Self {
+        match err {
+            AuthError::InvalidToken(why) => Problem::unauthorized(why),
+            AuthError::MissingScope(_) => {
+                Problem::new(Kind::Forbidden).with_detail(err.to_string())
+            }
+        }
+    }
+}
+
+impl From<GuardError<Problem>> for Problem {
+    fn from(err: GuardError<Problem>) -> Self {
+        match err {
+            GuardError::KeyReused => Problem::new(Kind::IdempotencyKeyReused).with_detail(
+                "this Idempotency-Key was already used with a different request; use a new key",
+            ),
+            GuardError::InFlight { retry_after } | GuardError::LeaseLost { retry_after } => {
+                Problem::new(Kind::IdempotencyKeyInFlight)
+                    .with_detail(
+                        "a request with this Idempotency-Key is still being processed; retry shortly",
+                    )
+                    .with_header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)))
+            }
+            GuardError::Operation(problem) => problem,
+            GuardError::Db(e) => e.into(),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! A small load generator for orderd, kept beside the k6 scripts so the same scenarios
-//! can run where k6 is not installed. It talks to a running orderd over HTTP and prints
+//! A small load generator for orderd, the Rust twin of the k6 scenarios, for
+//! measurements from one process. It talks to a running orderd over HTTP and prints
 //! throughput and latency percentiles; it asserts nothing about time.
 //!
 //! ```sh
@@ -17,47 +17,35 @@ use std::{
     time::{Duration, Instant},
 };
 
+use clap::{Parser, ValueEnum};
 use futures::{StreamExt, stream};
 
+#[derive(Parser)]
 struct Args {
-    mode: String,
+    #[arg(value_enum)]
+    mode: Mode,
+    /// Where orderd listens.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
     base: String,
+    /// A token with the `orders:write` scope.
+    #[arg(long, env = "TOKEN")]
     token: String,
+    /// Requests in all (`create`, `replay`) or per round (`race`).
+    #[arg(long, default_value_t = 1000)]
     requests: usize,
+    /// Requests in flight at once (`create`, `replay`).
+    #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Rounds of identical requests (`race`).
+    #[arg(long, default_value_t = 10)]
     rounds: usize,
 }
 
-fn parse_args() -> Args {
-    let mut raw = std::env::args().skip(1);
-    let mode = raw.next().unwrap_or_else(|| usage());
-    let mut args = Args {
-        mode,
-        base: "http://127.0.0.1:8080".into(),
-        token: std::env::var("TOKEN").unwrap_or_default(),
-        requests: 1000,
-        concurrency: 16,
-        rounds: 10,
-    };
-    while let Some(flag) = raw.next() {
-        let value = raw.next().unwrap_or_else(|| usage());
-        match flag.as_str() {
-            "--base" => args.base = value,
-            "--token" => args.token = value,
-            "--requests" => args.requests = value.parse().unwrap_or_else(|_| usage()),
-            "--concurrency" => args.concurrency = value.parse().unwrap_or_else(|_| usage()),
-            "--rounds" => args.rounds = value.parse().unwrap_or_else(|_| usage()),
-            _ => usage(),
-        }
-    }
-    args
-}
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: loadgen create|replay|race [--base URL] [--token JWT] [--requests N] [--concurrency C] [--rounds R]"
-    );
-    std::process::exit(2)
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Create,
+    Replay,
+    Race,
 }
 
 fn unique_key() -> String {
@@ -105,15 +93,15 @@ fn report(label: &str, results: &[(u16, Duration)], wall: Duration) {
 
 #[tokio::main]
 async fn main() {
-    let args = parse_args();
+    let args = Args::parse();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency.max(64))
         .build()
         .unwrap();
-    match args.mode.as_str() {
-        "create" | "replay" => {
+    match args.mode {
+        Mode::Create | Mode::Replay => {
             let fixed = unique_key();
-            let replay = args.mode == "replay";
+            let replay = args.mode == Mode::Replay;
             if replay {
                 post(&client, &args, &fixed).await;
             }
@@ -127,9 +115,13 @@ async fn main() {
                 .buffer_unordered(args.concurrency)
                 .collect()
                 .await;
-            report(&args.mode, &results, started.elapsed());
+            report(
+                if replay { "replay" } else { "create" },
+                &results,
+                started.elapsed(),
+            );
         }
-        "race" => {
+        Mode::Race => {
             let mut all = Vec::new();
             let started = Instant::now();
             let mut executed = 0;
@@ -148,6 +140,5 @@ async fn main() {
                 args.rounds, executed
             );
         }
-        _ => usage(),
     }
 }

@@ -1,0 +1,267 @@
+//! Relay benchmark: commit-to-publish latency at a given write rate, and the drain rate
+//! of a large backlog, against SNS (moto, or wherever the AWS SDK's chain points) or a
+//! publisher that acknowledges at once (the relay's own cost). Prints numbers; asserts
+//! nothing.
+//!
+//! ```sh
+//! AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+//!   cargo run --release --example relay_bench -- --database-url postgres://postgres@127.0.0.1/bench \
+//!   latency --rate 1000 --seconds 10 --publisher immediate
+//! cargo run --release --example relay_bench -- --database-url ... drain --events 100000 --publisher immediate
+//! ```
+//! The database is the benchmark's own: it is migrated and its orders and outbox are
+//! emptied before each run.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use orderd::{
+    config::Config,
+    orders::{NewOrder, store},
+    outbox::{
+        publisher::{Message, Outcomes, Publisher},
+        relay::Relay,
+        sns::SnsPublisher,
+    },
+    tenant::TenantId,
+};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Parser)]
+struct Args {
+    /// A database this benchmark may empty.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Commit-to-publish latency while orders are written at a steady rate.
+    Latency {
+        /// Orders written per second.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        #[arg(long, default_value_t = 20)]
+        seconds: u32,
+        #[arg(long, value_enum, default_value_t = Target::Sns)]
+        publisher: Target,
+        /// Poll only, without LISTEN/NOTIFY.
+        #[arg(long)]
+        poll_only: bool,
+    },
+    /// How fast one relay drains a backlog of pending events.
+    Drain {
+        #[arg(long, default_value_t = 100_000)]
+        events: i64,
+        #[arg(long, value_enum, default_value_t = Target::Immediate)]
+        publisher: Target,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Target {
+    /// A new topic on the SNS endpoint of the AWS SDK's configuration chain.
+    Sns,
+    /// Acknowledges everything at once: the relay's own cost.
+    Immediate,
+}
+
+/// Acknowledges everything at once: what the relay costs without the network.
+struct Immediate;
+
+impl Publisher for Immediate {
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [Message],
+    ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>> {
+        Box::pin(async move { vec![Ok(()); messages.len()] })
+    }
+}
+
+async fn publisher(target: Target) -> Arc<dyn Publisher> {
+    match target {
+        Target::Immediate => Arc::new(Immediate),
+        Target::Sns => {
+            let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .load()
+                .await;
+            let client = aws_sdk_sns::Client::new(&aws);
+            let arn = client
+                .create_topic()
+                .name(format!("bench-{}", Uuid::new_v4().simple()))
+                .send()
+                .await
+                .expect("create a topic (is AWS_ENDPOINT_URL set?)")
+                .topic_arn()
+                .unwrap_or_default()
+                .to_string();
+            Arc::new(SnsPublisher::new(client, arn, Duration::from_secs(10)))
+        }
+    }
+}
+
+/// The production configuration (defaults and the environment) on the benchmark's
+/// database, with `batch` events per round.
+fn config(database_url: &str, batch: u32) -> Config {
+    let batch = batch.to_string();
+    Config::from_lookup(&|name| match name {
+        "DATABASE_URL" => Some(database_url.to_string()),
+        "ORDERD_OUTBOX_BATCH_SIZE" => Some(batch.clone()),
+        other => std::env::var(other).ok(),
+    })
+    .expect("a valid configuration")
+}
+
+/// A migrated, empty database.
+async fn fresh(config: &Config) -> PgPool {
+    let pool = orderd::db::pool_of_size(config, 8).await.expect("database");
+    orderd::MIGRATOR.run(&pool).await.expect("migrations");
+    sqlx::query("TRUNCATE orders, outbox_event, idempotency_record")
+        .execute(&pool)
+        .await
+        .expect("empty the tables");
+    pool
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 * p).ceil() as usize)
+        .saturating_sub(1)
+        .min(sorted.len() - 1)]
+}
+
+/// Writes orders at `rate`/s for `seconds` through the orders module (one transaction
+/// each, as the API does) while one relay publishes; reports commit-to-publish latency
+/// from the database clock.
+async fn latency(
+    config: Config,
+    publisher: Arc<dyn Publisher>,
+    listen: bool,
+    rate: u32,
+    seconds: u32,
+) {
+    let pool = fresh(&config).await;
+    let stop = CancellationToken::new();
+    let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
+    let relay = if listen {
+        relay
+    } else {
+        relay.without_listen()
+    };
+    let task = tokio::spawn(relay.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tenant = TenantId(Uuid::new_v4());
+    let new = NewOrder {
+        sku: "BENCH-1".into(),
+        quantity: 1,
+        customer_ref: None,
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let total = rate * seconds;
+    let started = Instant::now();
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..total {
+        tick.tick().await;
+        let (pool, new) = (pool.clone(), new.clone());
+        writers.spawn(async move {
+            let mut tx = pool.begin().await.expect("begin");
+            store::create(&mut tx, tenant, &new).await.expect("create");
+            tx.commit().await.expect("commit");
+        });
+    }
+    writers.join_all().await;
+    let write_secs = started.elapsed().as_secs_f64();
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'")
+                .fetch_one(&pool)
+                .await
+                .expect("count");
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut lags: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("lags");
+    lags.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        total as f64 / write_secs,
+        percentile(&lags, 0.5),
+        percentile(&lags, 0.99),
+        lags.last().copied().unwrap_or_default()
+    );
+    stop.cancel();
+    task.await.expect("relay");
+}
+
+/// Inserts `events` pending rows, then lets one relay drain them.
+async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
+    let pool = fresh(&config).await;
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+                jsonb_build_object('event_type', 'OrderCreated', 'order', jsonb_build_object('sku', 'BENCH-1', 'quantity', 1)), now(), now()
+         FROM generate_series(1, $1)",
+    )
+    .bind(events)
+    .execute(&pool)
+    .await
+    .expect("seed the backlog");
+    sqlx::query("ANALYZE outbox_event")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
+    let started = Instant::now();
+    let mut published = 0usize;
+    loop {
+        let round = relay.round().await.expect("relay round");
+        if round.claimed == 0 {
+            break;
+        }
+        published += round.published;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "drain: {published} of {events} events in {secs:.1} s = {:.0} events/s",
+        published as f64 / secs
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    match args.scenario {
+        Scenario::Latency {
+            rate,
+            seconds,
+            publisher: target,
+            poll_only,
+        } => {
+            let config = config(&args.database_url, 100);
+            latency(config, publisher(target).await, !poll_only, rate, seconds).await;
+        }
+        Scenario::Drain {
+            events,
+            publisher: target,
+        } => {
+            let config = config(&args.database_url, 500);
+            drain(config, publisher(target).await, events).await;
+        }
+    }
+}

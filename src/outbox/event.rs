@@ -1,0 +1,121 @@
+//! The event's wire format: the SNS message body that consumers parse.
+//!
+//! Plain serde types owned by this module, so that no web framework's rendering can
+//! change what consumers receive; a golden test pins the JSON. Fields are only ever
+//! added; a change that could break a consumer needs a new schema version.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Serialize, Serializer};
+use uuid::Uuid;
+
+use crate::{metrics::EventType, tenant::TenantId};
+
+/// One committed change, as published.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event<'a> {
+    pub event_id: Uuid,
+    #[serde(serialize_with = "event_type")]
+    pub event_type: EventType,
+    /// When the change committed (the order's `updated_at`), RFC 3339.
+    #[serde(serialize_with = "rfc3339")]
+    pub occurred_at: DateTime<Utc>,
+    pub tenant_id: Uuid,
+    /// The order as it is after the change.
+    pub order: &'a OrderState,
+}
+
+/// An order inside an event: the same fields and spellings as the API's `Order`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OrderState {
+    pub id: Uuid,
+    pub sku: String,
+    pub quantity: i32,
+    pub customer_ref: Option<String>,
+    /// `CREATED` or `CANCELLED`.
+    pub status: &'static str,
+    #[serde(serialize_with = "rfc3339")]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "rfc3339")]
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What the writer appends for one change.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub tenant: TenantId,
+    pub event_type: EventType,
+    /// The order the event is about: its events are published in `aggregate_seq` order.
+    pub aggregate_id: Uuid,
+    pub aggregate_seq: i32,
+    pub occurred_at: DateTime<Utc>,
+    pub order: OrderState,
+}
+
+impl NewEvent {
+    /// The message body for this event under `event_id`.
+    pub fn body(&self, event_id: Uuid) -> serde_json::Value {
+        serde_json::to_value(Event {
+            event_id,
+            event_type: self.event_type,
+            occurred_at: self.occurred_at,
+            tenant_id: self.tenant.0,
+            order: &self.order,
+        })
+        .expect("events serialise to JSON")
+    }
+}
+
+fn event_type<S: Serializer>(value: &EventType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(value.as_str())
+}
+
+/// RFC 3339 with as many fractional digits as needed and a `+00:00` offset: the
+/// spelling the API uses for the same instants, so one order reads the same in a
+/// response and in an event.
+fn rfc3339<S: Serializer>(value: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&value.to_rfc3339_opts(SecondsFormat::AutoSi, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_matches_the_golden_json() {
+        let at = DateTime::parse_from_rfc3339("2026-11-29T19:35:23.428432Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let event = NewEvent {
+            tenant: TenantId(Uuid::from_u128(0x0a)),
+            event_type: EventType::OrderCancelled,
+            aggregate_id: Uuid::from_u128(0x0b),
+            aggregate_seq: 2,
+            occurred_at: at,
+            order: OrderState {
+                id: Uuid::from_u128(0x0b),
+                sku: "BOOK-42".into(),
+                quantity: 1,
+                customer_ref: None,
+                status: "CANCELLED",
+                created_at: at,
+                updated_at: at,
+            },
+        };
+        let golden = serde_json::json!({
+            "event_id": "00000000-0000-0000-0000-00000000000c",
+            "event_type": "OrderCancelled",
+            "occurred_at": "2026-11-29T19:35:23.428432+00:00",
+            "tenant_id": "00000000-0000-0000-0000-00000000000a",
+            "order": {
+                "id": "00000000-0000-0000-0000-00000000000b",
+                "sku": "BOOK-42",
+                "quantity": 1,
+                "customer_ref": null,
+                "status": "CANCELLED",
+                "created_at": "2026-11-29T19:35:23.428432+00:00",
+                "updated_at": "2026-11-29T19:35:23.428432+00:00"
+            }
+        });
+        assert_eq!(event.body(Uuid::from_u128(0x0c)), golden);
+    }
+}

@@ -1,0 +1,155 @@
+//! Per-test databases on the real PostgreSQL server: created fresh and migrated,
+//! dropped with the value.
+
+use std::{str::FromStr, time::Duration};
+
+use orderd::metrics::Endpoint;
+use sqlx::{
+    Connection, Executor, PgConnection, PgPool,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
+use uuid::Uuid;
+
+/// The server that hosts the per-test databases (exported by `.ci/test`).
+pub fn admin_url() -> String {
+    std::env::var("ORDERD_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .expect("set ORDERD_TEST_DATABASE_URL or DATABASE_URL (run the suite with .ci/test)")
+}
+
+/// A fresh, migrated database, dropped again when the value is dropped.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+    admin: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::on(&admin_url()).await
+    }
+
+    /// A database on the server behind `admin` (a connection URL with rights to create databases).
+    pub async fn on(admin: &str) -> Self {
+        let admin = admin.to_string();
+        let name = format!("orderd_test_{}", Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .expect("connect to the admin database");
+        conn.execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let options = PgConnectOptions::from_str(&admin)
+            .expect("admin URL parses")
+            .database(&name);
+        let url = url_with_database(&admin, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("connect to test database");
+        orderd::MIGRATOR.run(&pool).await.expect("migrations apply");
+        Self {
+            name,
+            url,
+            pool,
+            admin,
+        }
+    }
+}
+
+fn url_with_database(admin: &str, name: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (admin, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+impl TestDb {
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `sql` (a count) returns `want`; panics after a generous deadline
+    /// (moto publishes only about 100 messages a second).
+    pub async fn until_count(&self, sql: &str, want: i64) {
+        let mut last = -1;
+        for _ in 0..2400 {
+            last = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            if last == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("`{sql}` stayed at {last}, wanted {want}");
+    }
+
+    /// Leaves a PROCESSING claim on `POST /v1/orders` as a worker owning it as `owner`
+    /// would, with the lease ending `lease` (an interval) from now.
+    pub async fn insert_processing(
+        &self,
+        tenant: Uuid,
+        key: &str,
+        fingerprint: &[u8],
+        lease: &str,
+        owner: Uuid,
+    ) {
+        sqlx::query(
+            "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+             VALUES ($1, $6, $2, $3, 'PROCESSING', $4, clock_timestamp() + $5::interval, clock_timestamp())",
+        )
+        .bind(tenant)
+        .bind(key)
+        .bind(fingerprint)
+        .bind(owner)
+        .bind(lease)
+        .bind(Endpoint::CreateOrder.as_str())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let pool = self.pool.clone();
+        let admin = self.admin.clone();
+        // Drop runs outside any async context we can rely on: use a private runtime.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                pool.close().await;
+                if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
+                        )))
+                        .await;
+                }
+            });
+        })
+        .join()
+        .ok();
+    }
+}

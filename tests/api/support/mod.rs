@@ -1,0 +1,15 @@
+//! What the integration tests stand on: databases, orderd in process and as a child
+//! process, moto as SNS, and a switchable proxy in front of it.
+
+pub mod app;
+pub mod db;
+pub mod process;
+pub mod proxy;
+pub mod sns;
+
+pub use app::{
+    Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, settings,
+    spawn_app, spawn_app_on, spawn_app_with, spawn_publishing_app,
+};
+pub use db::{TestDb, admin_url};
+pub use process::{KillOnDrop, ServeProcess, sample};

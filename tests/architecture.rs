@@ -1,0 +1,203 @@
+//! The module layering of `docs/architecture.md`, checked on the source: every
+//! `crate::` path of a top-level module of `src/` must name a module that the table in
+//! that document allows it to import, and the imports must form no cycle. The table is
+//! read from the document itself, so the document and the check cannot disagree.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// `module -> modules it may import`, from the "may import" table of the document.
+fn allowed() -> BTreeMap<String, BTreeSet<String>> {
+    let doc = fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).unwrap();
+    let mut table = BTreeMap::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | `module` | `a`, `b` | ... |
+        if cells.len() < 4 || !cells[1].starts_with('`') {
+            continue;
+        }
+        let module = cells[1].trim_matches('`').to_string();
+        let imports = cells[2]
+            .split(',')
+            .map(|m| m.trim().trim_matches('`').to_string())
+            .filter(|m| !m.is_empty() && m != "none")
+            .collect();
+        table.insert(module, imports);
+    }
+    assert!(
+        !table.is_empty(),
+        "docs/architecture.md has no module table"
+    );
+    table
+}
+
+/// Every `.rs` file of a top-level module: `src/<m>.rs` or everything under `src/<m>/`.
+fn files_of(module: &str) -> Vec<PathBuf> {
+    let src = Path::new(ROOT).join("src");
+    let file = src.join(format!("{module}.rs"));
+    let mut files = Vec::new();
+    if file.exists() {
+        files.push(file);
+    }
+    let mut dirs = vec![src.join(module)];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The top-level modules named by the `crate::` paths in `text`, including the
+/// entries of grouped imports (`crate::{a::B, c}`).
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Names at brace depth 0 of the group, each at the start of an item.
+            let mut depth = 0;
+            let mut item_start = true;
+            let mut name = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if depth == 0 && item_start && (c.is_alphanumeric() || c == '_') => {
+                        name.push(c)
+                    }
+                    _ if depth == 0 && item_start && !name.is_empty() => {
+                        found.insert(std::mem::take(&mut name));
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(ROOT).join("src");
+    let mut modules = BTreeSet::new();
+    for entry in fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        if name != "lib" && name != "main" {
+            modules.insert(name);
+        }
+    }
+    modules
+        .into_iter()
+        .map(|module| {
+            let mut used = BTreeSet::new();
+            for file in files_of(&module) {
+                used.extend(imports(&fs::read_to_string(file).unwrap()));
+            }
+            used.remove(&module);
+            (module, used)
+        })
+        .collect()
+}
+
+#[test]
+fn every_module_imports_only_what_the_architecture_allows() {
+    let allowed = allowed();
+    let graph = graph();
+    let mut breaches = Vec::new();
+    for (module, used) in &graph {
+        let Some(may) = allowed.get(module) else {
+            breaches.push(format!(
+                "`{module}` is not in the table of docs/architecture.md"
+            ));
+            continue;
+        };
+        for import in used.difference(may) {
+            breaches.push(format!("`{module}` imports `{import}`"));
+        }
+    }
+    for module in allowed.keys() {
+        if !graph.contains_key(module) {
+            breaches.push(format!(
+                "docs/architecture.md lists `{module}`, which src/ lacks"
+            ));
+        }
+    }
+    assert!(breaches.is_empty(), "{}", breaches.join("\n"));
+}
+
+#[test]
+fn the_modules_form_no_cycle() {
+    let graph = graph();
+    // Depth-first search with the path on the stack: a back edge is a cycle.
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if !done.insert(node.to_string()) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for module in graph.keys() {
+        let mut path = Vec::new();
+        if let Some(cycle) = visit(module, &graph, &mut path, &mut done) {
+            panic!("import cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn grouped_imports_are_read_at_their_first_level() {
+    let found = imports(
+        "use crate::{api::{self, AppState}, auth::Verifier,\n    config::{self, Config}, db};\nlet x = crate::metrics::install();",
+    );
+    let want: BTreeSet<String> = ["api", "auth", "config", "db", "metrics"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(found, want);
+}
