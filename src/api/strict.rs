@@ -2,7 +2,7 @@
 //!
 //! poem-openapi's `String` also accepts numbers and booleans (`5` becomes `"5"`), which
 //! would let a body that does not fit the schema through, and would make `5` and
-//! `"5"` the same request to the fingerprint. Contract section 5 says such a body is a
+//! `"5"` the same request to the fingerprint. The contract (docs/contract.md §5) says such a body is a
 //! 400, so request bodies use this type instead.
 
 use std::borrow::Cow;

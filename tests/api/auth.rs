@@ -1,4 +1,4 @@
-//! Contract section 2: every refusal, both asymmetric algorithms, and tenant isolation.
+//! docs/contract.md §2: every refusal, both asymmetric algorithms, and tenant isolation.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -1,4 +1,4 @@
-//! Each row of the contract's idempotency table (section 4), one test each, plus the
+//! Each row of the idempotency table of docs/contract.md §4, one test each, plus the
 //! ownership rules: fencing, takeover, release on failure, retention.
 
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! Contract section 8 and issue 4: exact metric counts, promtool, a real Prometheus
+//! docs/contract.md §8: exact metric counts, promtool, a real Prometheus
 //! evaluating every dashboard and alert expression, gauges that follow reality,
 //! structured request logs. orderd runs as a child process here, so its metrics are its
 //! own and not shared with the other tests of this binary.

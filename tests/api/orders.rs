@@ -1,4 +1,4 @@
-//! Reading and cancelling orders (contract section 3).
+//! Reading and cancelling orders (docs/contract.md §3).
 
 use std::collections::HashSet;
 

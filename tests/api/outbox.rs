@@ -1,4 +1,4 @@
-//! Contract section 6: every committed change reaches SNS (moto, through the real
+//! docs/contract.md §6: every committed change reaches SNS (moto, through the real
 //! aws-sdk-sns client), in commit order per order, at least once, whatever SNS, the
 //! relay or the network do meanwhile. Messages are read back from an SQS queue
 //! subscribed to the topic.
