@@ -7,7 +7,10 @@ fn the_readme_configuration_table_is_the_settings_table() {
     let begin = "<!-- settings:begin -->\n";
     let end = "<!-- settings:end -->";
     let start = README.find(begin).expect("README has the settings markers") + begin.len();
-    let stop = README[start..].find(end).expect("README closes the settings markers") + start;
+    let stop = README[start..]
+        .find(end)
+        .expect("README closes the settings markers")
+        + start;
     let expected = orderd::config::markdown_table();
     assert!(
         README[start..stop] == expected,
