@@ -4,15 +4,13 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use poem::{
-    Server,
-    listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
-};
+use poem::{EndpointExt, Server, listener::TcpAcceptor};
 use sqlx::PgPool;
+use tokio::net::TcpListener;
 
 use crate::{
-    api::{self, AppState},
-    auth::Verifier,
+    api::{self, AppState, server::Limits},
+    auth::{self, Verifier},
     config::{self, Config, bind_address},
     db,
     idempotency::Guard,
@@ -29,10 +27,10 @@ const OPS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// `orderd serve`: migrations (unless off), then the API and the background jobs until
 /// SIGINT or SIGTERM.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let pool = db::pool(&config).await?;
     if config.migrate_on_start {
-        db::MIGRATOR.run(&pool).await.context("migrations failed")?;
+        db::migrate(&config).await?;
     }
+    let pool = db::pool(&config).await?;
     Application::build(config, pool)
         .await?
         .run_until(shutdown_signal())
@@ -57,8 +55,10 @@ pub async fn sns_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>
 
 /// A bound, not yet running `orderd serve`.
 pub struct Application {
-    acceptor: TcpAcceptor,
+    listener: TcpListener,
     address: SocketAddr,
+    /// `/metrics` apart from the API, when `ORDERD_METRICS_BIND` is set.
+    metrics_listener: Option<(TcpListener, SocketAddr)>,
     pool: PgPool,
     config: Config,
     verifier: Arc<Verifier>,
@@ -85,10 +85,15 @@ impl Application {
         publisher: Option<Arc<dyn Publisher>>,
     ) -> anyhow::Result<Self> {
         let verifier = Arc::new(Verifier::new(&config.jwt)?);
-        let (acceptor, address) = bind(&config.bind, config::BIND.name).await?;
+        let (listener, address) = bind(&config.bind, config::BIND.name).await?;
+        let metrics_listener = match &config.http.metrics_bind {
+            Some(metrics_bind) => Some(bind(metrics_bind, config::METRICS_BIND.name).await?),
+            None => None,
+        };
         Ok(Self {
-            acceptor,
+            listener,
             address,
+            metrics_listener,
             pool,
             config,
             verifier,
@@ -100,12 +105,21 @@ impl Application {
         self.address
     }
 
+    /// Where `/metrics` is served apart from the API, if anywhere.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().map(|(_, address)| *address)
+    }
+
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
     /// finish (up to a grace period) and stops the background jobs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let state = AppState {
             pool: self.pool.clone(),
-            guard: Guard::new(self.pool.clone(), self.config.idempotency.clone()),
+            guard: Guard::new(
+                self.pool.clone(),
+                self.config.idempotency.clone(),
+                self.config.db_statement_timeout,
+            ),
         };
         let supervisor = Supervisor::new();
         let relay_runs = self.publisher.is_some();
@@ -122,14 +136,23 @@ impl Application {
                 outbox_retention: relay_runs.then_some(self.config.outbox.retention),
             },
         );
+        let metrics_apart = self.metrics_listener.is_some();
+        if let Some((listener, address)) = self.metrics_listener {
+            tracing::info!(address = %address, "metrics listening");
+            spawn_ops_listener(&supervisor, listener);
+        }
         tracing::info!(address = %self.address, "orderd listening");
-        let served = Server::new_with_acceptor(self.acceptor)
-            .run_with_graceful_shutdown(
-                api::routes(state, self.verifier),
-                shutdown,
-                Some(SHUTDOWN_GRACE),
-            )
-            .await;
+        let shared = api::Shared::new(self.verifier, &self.config);
+        spawn_auth_jobs(&supervisor, &shared);
+        let routes = api::routes(state, &shared, &self.config, !metrics_apart);
+        let served = api::server::serve(
+            self.listener,
+            routes,
+            limits(&self.config),
+            shutdown,
+            SHUTDOWN_GRACE,
+        )
+        .await;
         supervisor.shutdown().await;
         tracing::info!("orderd stopped");
         served.context("HTTP server failed")
@@ -143,21 +166,15 @@ pub async fn run_relay(
     publisher: Arc<dyn Publisher>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let (acceptor, address) = bind(&config.metrics_bind, config::METRICS_BIND.name).await?;
-    tracing::info!(address = %address, "relay metrics listening");
     let supervisor = Supervisor::new();
-    supervisor.spawn("ops listener", |token| async move {
-        let served = Server::new_with_acceptor(acceptor)
-            .run_with_graceful_shutdown(
-                api::ops_routes(),
-                token.cancelled_owned(),
-                Some(OPS_SHUTDOWN_GRACE),
-            )
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "relay metrics listener failed");
+    match &config.http.metrics_bind {
+        Some(metrics_bind) => {
+            let (listener, address) = bind(metrics_bind, config::METRICS_BIND.name).await?;
+            tracing::info!(address = %address, "relay metrics listening");
+            spawn_ops_listener(&supervisor, listener);
         }
-    });
+        None => tracing::info!("ORDERD_METRICS_BIND is not set: the relay serves no metrics"),
+    }
     let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
     supervisor.spawn("relay", |token| relay.run(token));
     spawn_common_jobs(
@@ -175,6 +192,44 @@ pub async fn run_relay(
     Ok(())
 }
 
+/// Keeps a JWKS fresh (when tokens are verified against one) and forgets idle tenants.
+fn spawn_auth_jobs(supervisor: &Supervisor, shared: &api::Shared) {
+    if let Some(jwks) = shared.verifier.jwks() {
+        supervisor.spawn("jwks refresh", |token| auth::jwks::keep_fresh(jwks, token));
+    }
+    let limiter = shared.limiter.clone();
+    supervisor.spawn("tenant limits", |token| api::limits::tidy(limiter, token));
+}
+
+/// `/metrics` and `/healthz` on a listener of their own, until shutdown.
+fn spawn_ops_listener(supervisor: &Supervisor, listener: TcpListener) {
+    supervisor.spawn("ops listener", |token| async move {
+        let acceptor = match TcpAcceptor::from_tokio(listener) {
+            Ok(acceptor) => acceptor,
+            Err(e) => return tracing::error!(error = %e, "metrics listener failed"),
+        };
+        let served = Server::new_with_acceptor(acceptor)
+            .run_with_graceful_shutdown(
+                api::ops_routes().map_to_response(),
+                token.cancelled_owned(),
+                Some(OPS_SHUTDOWN_GRACE),
+            )
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "metrics listener failed");
+        }
+    });
+}
+
+/// The server's connection limits from configuration.
+fn limits(config: &Config) -> Limits {
+    Limits {
+        read_timeout: config.http.read_timeout,
+        idle_timeout: config.http.idle_timeout,
+        max_connections: config.http.max_connections,
+    }
+}
+
 /// The jobs every long-running process runs: the outbox gauges and its purges.
 fn spawn_common_jobs(supervisor: &Supervisor, pool: &PgPool, config: &Config, purges: Purges) {
     let gauges_pool = pool.clone();
@@ -190,16 +245,11 @@ fn spawn_common_jobs(supervisor: &Supervisor, pool: &PgPool, config: &Config, pu
 
 /// Binds `bind` (named by the setting `variable` in errors); returns the acceptor and
 /// the address it got (`:0` picks a port).
-async fn bind(bind: &str, variable: &str) -> anyhow::Result<(TcpAcceptor, SocketAddr)> {
+async fn bind(bind: &str, variable: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
     let bind = bind_address(bind);
-    let acceptor = TcpListener::bind(bind.clone())
-        .into_acceptor()
+    let listener = TcpListener::bind(&bind)
         .await
         .with_context(|| format!("cannot listen on {bind} ({variable})"))?;
-    let address = acceptor
-        .local_addr()
-        .first()
-        .and_then(|a| a.as_socket_addr().copied())
-        .context("listener has no socket address")?;
-    Ok((acceptor, address))
+    let address = listener.local_addr()?;
+    Ok((listener, address))
 }

@@ -53,194 +53,59 @@ const fn range(min: u64, max: u64) -> Kind {
     Kind::Number { min, max }
 }
 
-setting!(
-    DATABASE_URL,
-    "DATABASE_URL",
-    None,
-    Kind::Secret,
-    "PostgreSQL 14+ connection string (required)"
-);
-setting!(
-    BIND,
-    "ORDERD_BIND",
-    Some("127.0.0.1:8080"),
-    Kind::Bind,
-    "HTTP listen address; `:0` picks a free loopback port (the bound address is logged)"
-);
-setting!(
-    MIGRATE,
-    "ORDERD_MIGRATE",
-    Some("on"),
-    Kind::Switch,
-    "`serve` applies pending migrations at start"
-);
-setting!(
-    JWT_HS256_SECRET,
-    "ORDERD_JWT_HS256_SECRET",
-    None,
-    Kind::Secret,
-    "HS256 shared secret (at least 16 characters)"
-);
-setting!(
-    JWT_PUBLIC_KEY_FILE,
-    "ORDERD_JWT_PUBLIC_KEY_FILE",
-    None,
-    Kind::Text,
-    "PEM public key file: an RSA key allows RS256, an EC key ES256"
-);
-setting!(
-    JWT_ISSUER,
-    "ORDERD_JWT_ISSUER",
-    None,
-    Kind::Text,
-    "when set, a token's `iss` must match"
-);
-setting!(
-    JWT_AUDIENCE,
-    "ORDERD_JWT_AUDIENCE",
-    None,
-    Kind::Text,
-    "when set, a token's `aud` must match"
-);
-setting!(
-    IDEMPOTENCY_TTL_SECS,
-    "ORDERD_IDEMPOTENCY_TTL_SECS",
-    Some("86400"),
-    range(1, 31_536_000),
-    "how long a completed key is remembered after completion"
-);
-setting!(
-    LEASE_SECS,
-    "ORDERD_LEASE_SECS",
-    Some("30"),
-    range(1, 3600),
-    "how long a PROCESSING claim is owned before another request may take it over"
-);
-setting!(
-    INFLIGHT_WAIT_MS,
-    "ORDERD_INFLIGHT_WAIT_MS",
-    Some("200"),
-    range(0, 10_000),
-    "how long a duplicate of an in-flight request waits for it before answering 409"
-);
-setting!(
-    PURGE_INTERVAL_SECS,
-    "ORDERD_PURGE_INTERVAL_SECS",
-    Some("60"),
-    range(1, 86_400),
-    "how often the retention purges run"
-);
-setting!(
-    DB_POOL_SIZE,
-    "ORDERD_DB_POOL_SIZE",
-    Some("16"),
-    range(1, 1000),
-    "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN)"
-);
-setting!(
-    LOG_FORMAT,
-    "ORDERD_LOG_FORMAT",
-    Some("text"),
-    Kind::Choice(&["text", "json"]),
-    "`json` for one JSON object per log line"
-);
-setting!(
-    RELAY,
-    "ORDERD_RELAY",
-    Some("on"),
-    Kind::Switch,
-    "`off`: `serve` runs no relay (run `orderd relay` elsewhere)"
-);
-setting!(
-    SNS_TOPIC_ARN,
-    "ORDERD_SNS_TOPIC_ARN",
-    None,
-    Kind::Text,
-    "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids"
-);
-setting!(
-    OUTBOX_BATCH_SIZE,
-    "ORDERD_OUTBOX_BATCH_SIZE",
-    Some("100"),
-    range(1, 1000),
-    "events claimed per relay round"
-);
-setting!(
-    OUTBOX_POLL_MS,
-    "ORDERD_OUTBOX_POLL_MS",
-    Some("1000"),
-    range(1, 60_000),
-    "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)"
-);
-setting!(
-    OUTBOX_MAX_ATTEMPTS,
-    "ORDERD_OUTBOX_MAX_ATTEMPTS",
-    Some("10"),
-    range(1, 1000),
-    "failed publishes before an event is DEAD (a permanent error: at once)"
-);
-setting!(
-    OUTBOX_BACKOFF_INITIAL_MS,
-    "ORDERD_OUTBOX_BACKOFF_INITIAL_MS",
-    Some("2000"),
-    range(1, 3_600_000),
-    "first retry delay; doubles per failure, with jitter"
-);
-setting!(
-    OUTBOX_BACKOFF_MAX_MS,
-    "ORDERD_OUTBOX_BACKOFF_MAX_MS",
-    Some("60000"),
-    range(1, 86_400_000),
-    "longest retry delay (not below the initial one)"
-);
-setting!(
-    OUTBOX_PUBLISH_TIMEOUT_MS,
-    "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS",
-    Some("10000"),
-    range(100, 120_000),
-    "bound on one SNS call"
-);
-setting!(
-    OUTBOX_RETENTION_SECS,
-    "ORDERD_OUTBOX_RETENTION_SECS",
-    Some("86400"),
-    range(1, 31_536_000),
-    "how long published events are kept before the purge deletes them"
-);
-setting!(
-    METRICS_BIND,
-    "ORDERD_METRICS_BIND",
-    Some("127.0.0.1:9091"),
-    Kind::Bind,
-    "where `orderd relay` serves `/metrics` and `/healthz`"
-);
+pub use table::*;
 
-/// Every setting, in the order the README lists them.
-pub const SETTINGS: &[&Setting] = &[
-    &DATABASE_URL,
-    &BIND,
-    &MIGRATE,
-    &JWT_HS256_SECRET,
-    &JWT_PUBLIC_KEY_FILE,
-    &JWT_ISSUER,
-    &JWT_AUDIENCE,
-    &IDEMPOTENCY_TTL_SECS,
-    &LEASE_SECS,
-    &INFLIGHT_WAIT_MS,
-    &PURGE_INTERVAL_SECS,
-    &DB_POOL_SIZE,
-    &LOG_FORMAT,
-    &RELAY,
-    &SNS_TOPIC_ARN,
-    &OUTBOX_BATCH_SIZE,
-    &OUTBOX_POLL_MS,
-    &OUTBOX_MAX_ATTEMPTS,
-    &OUTBOX_BACKOFF_INITIAL_MS,
-    &OUTBOX_BACKOFF_MAX_MS,
-    &OUTBOX_PUBLISH_TIMEOUT_MS,
-    &OUTBOX_RETENTION_SECS,
-    &METRICS_BIND,
-];
+/// The settings, one line each (kept unformatted so that each reads as a table row).
+#[rustfmt::skip]
+mod table {
+    use super::{Kind, Setting, range};
+
+    setting!(DATABASE_URL, "DATABASE_URL", None, Kind::Secret, "PostgreSQL 14+ connection string (required)");
+    setting!(BIND, "ORDERD_BIND", Some("127.0.0.1:8080"), Kind::Bind, "HTTP listen address; `:0` picks a free loopback port (the bound address is logged)");
+    setting!(METRICS_BIND, "ORDERD_METRICS_BIND", None, Kind::Bind, "when set, `/metrics` is served there and not on the API address; `orderd relay` serves `/metrics` and `/healthz` only there");
+    setting!(MIGRATE, "ORDERD_MIGRATE", Some("on"), Kind::Switch, "`serve` applies pending migrations at start");
+    setting!(JWT_HS256_SECRET, "ORDERD_JWT_HS256_SECRET", None, Kind::Secret, "HS256 shared secret, at least 32 bytes (exactly one of the three verifiers)");
+    setting!(JWT_PUBLIC_KEY_FILE, "ORDERD_JWT_PUBLIC_KEY_FILE", None, Kind::Text, "PEM public key file: an RSA key allows RS256, an EC key ES256");
+    setting!(JWT_JWKS_URL, "ORDERD_JWT_JWKS_URL", None, Kind::Text, "JSON Web Key Set URL (http or https); the token's `kid` picks the key; refreshed every 5 minutes");
+    setting!(JWT_ISSUER, "ORDERD_JWT_ISSUER", None, Kind::Text, "when set, a token's `iss` must match");
+    setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it");
+    setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
+    setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
+    setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
+    setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
+    setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed");
+    setting!(HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most; further ones wait in the kernel's accept queue (also kept below the file-descriptor limit)");
+    setting!(HTTP_MAX_IN_FLIGHT, "ORDERD_HTTP_MAX_IN_FLIGHT", Some("1024"), range(1, 1_000_000), "requests being handled at once; beyond it, 503 with `Retry-After` before any authentication work");
+    setting!(TENANT_RATE_PER_SEC, "ORDERD_TENANT_RATE_PER_SEC", Some("500"), range(0, 1_000_000), "per-tenant token bucket refill rate on the API and MCP paths, per process; `0` turns the limit off");
+    setting!(TENANT_BURST, "ORDERD_TENANT_BURST", Some("1000"), range(1, 10_000_000), "per-tenant token bucket size");
+    setting!(TENANT_MAX_IN_FLIGHT, "ORDERD_TENANT_MAX_IN_FLIGHT", Some("8"), range(1, 10_000), "requests of one tenant doing database work at once, per process; more wait their turn (up to 2 s, then 429)");
+    setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN and migrations)");
+    setting!(DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle");
+    setting!(PURGE_INTERVAL_SECS, "ORDERD_PURGE_INTERVAL_SECS", Some("60"), range(1, 86_400), "how often the retention purges run");
+    setting!(LOG_FORMAT, "ORDERD_LOG_FORMAT", Some("text"), Kind::Choice(&["text", "json"]), "`json` for one JSON object per log line");
+    setting!(RELAY, "ORDERD_RELAY", Some("on"), Kind::Switch, "`off`: `serve` runs no relay (run `orderd relay` elsewhere)");
+    setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids");
+    setting!(OUTBOX_BATCH_SIZE, "ORDERD_OUTBOX_BATCH_SIZE", Some("100"), range(1, 1000), "events claimed per relay round");
+    setting!(OUTBOX_POLL_MS, "ORDERD_OUTBOX_POLL_MS", Some("1000"), range(1, 60_000), "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)");
+    setting!(OUTBOX_MAX_ATTEMPTS, "ORDERD_OUTBOX_MAX_ATTEMPTS", Some("10"), range(1, 1000), "entry-level SNS rejections before an event is DEAD (a permanent one: at once)");
+    setting!(OUTBOX_BACKOFF_INITIAL_MS, "ORDERD_OUTBOX_BACKOFF_INITIAL_MS", Some("2000"), range(1, 3_600_000), "first retry delay; doubles per failure, with jitter");
+    setting!(OUTBOX_BACKOFF_MAX_MS, "ORDERD_OUTBOX_BACKOFF_MAX_MS", Some("60000"), range(1, 86_400_000), "longest retry delay (not below the initial one)");
+    setting!(OUTBOX_PUBLISH_TIMEOUT_MS, "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", Some("10000"), range(100, 120_000), "bound on one SNS call");
+    setting!(OUTBOX_RETENTION_SECS, "ORDERD_OUTBOX_RETENTION_SECS", Some("86400"), range(1, 31_536_000), "how long published events are kept before the purge deletes them");
+
+    /// Every setting, in the order the README lists them.
+    pub const SETTINGS: &[&Setting] = &[
+        &DATABASE_URL, &BIND, &METRICS_BIND, &MIGRATE,
+        &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
+        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS,
+        &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
+        &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT,
+        &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &LOG_FORMAT,
+        &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
+        &OUTBOX_BACKOFF_INITIAL_MS, &OUTBOX_BACKOFF_MAX_MS, &OUTBOX_PUBLISH_TIMEOUT_MS,
+        &OUTBOX_RETENTION_SECS,
+    ];
+}
 
 /// The README's configuration table, generated from [`SETTINGS`].
 pub fn markdown_table() -> String {
@@ -306,6 +171,7 @@ impl ConfigError {
 pub struct JwtConfig {
     pub hs256_secret: Option<Secret>,
     pub public_key_file: Option<PathBuf>,
+    pub jwks_url: Option<String>,
     pub issuer: Option<String>,
     pub audience: Option<String>,
 }
@@ -321,15 +187,36 @@ impl JwtConfig {
         let jwt = JwtConfig {
             hs256_secret: env.text(&JWT_HS256_SECRET).map(Secret::new),
             public_key_file: env.text(&JWT_PUBLIC_KEY_FILE).map(PathBuf::from),
+            jwks_url: env.text(&JWT_JWKS_URL),
             issuer: env.text(&JWT_ISSUER),
             audience: env.text(&JWT_AUDIENCE),
         };
+        // RFC 7518 asks for a key at least as long as the hash: 32 bytes for HS256.
         if let Some(secret) = &jwt.hs256_secret
-            && secret.expose().len() < 16
+            && secret.expose().len() < 32
         {
             return Err(ConfigError::new(format!(
-                "{} is too short: use at least 16 characters",
+                "{} is too short: use at least 32 bytes",
                 JWT_HS256_SECRET.name
+            )));
+        }
+        let configured = [
+            jwt.hs256_secret.is_some(),
+            jwt.public_key_file.is_some(),
+            jwt.jwks_url.is_some(),
+        ];
+        if configured.iter().filter(|&&set| set).count() > 1 {
+            return Err(ConfigError::new(format!(
+                "set exactly one of {}, {} and {}",
+                JWT_HS256_SECRET.name, JWT_PUBLIC_KEY_FILE.name, JWT_JWKS_URL.name
+            )));
+        }
+        if let Some(url) = &jwt.jwks_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(ConfigError::new(format!(
+                "{} must be an http:// or https:// URL, not `{url}`",
+                JWT_JWKS_URL.name
             )));
         }
         Ok(jwt)
@@ -363,6 +250,33 @@ pub struct OutboxConfig {
     pub retention: Duration,
 }
 
+/// How the HTTP server treats connections.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// A whole request (head and body) must arrive within this.
+    pub read_timeout: Duration,
+    /// A keep-alive connection idle this long is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Requests being handled at once at most.
+    pub max_in_flight: usize,
+    /// Where `/metrics` is served instead of the API address; `None`: on the API address
+    /// (`serve`), or nowhere (`relay`).
+    pub metrics_bind: Option<String>,
+}
+
+/// What one tenant may use of one process.
+#[derive(Clone, Debug)]
+pub struct TenantLimits {
+    /// Token bucket refill per second; `None`: no rate limit.
+    pub rate_per_sec: Option<u32>,
+    /// Token bucket size.
+    pub burst: u32,
+    /// Requests of one tenant doing database work at once.
+    pub max_in_flight: u32,
+}
+
 /// Everything `orderd` reads from its environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -376,12 +290,14 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// `json` or `text` log lines.
     pub log_json: bool,
+    pub http: HttpConfig,
+    pub tenant_limits: TenantLimits,
     /// Connections of the process's one pool.
     pub db_pool_size: u32,
+    /// The longest a statement may run (and a transaction stay idle).
+    pub db_statement_timeout: Duration,
     /// How often the retention purges run.
     pub purge_interval: Duration,
-    /// Where `orderd relay` serves `/metrics`.
-    pub metrics_bind: String,
 }
 
 impl Config {
@@ -419,10 +335,31 @@ impl Config {
                 retention: env.secs(&OUTBOX_RETENTION_SECS)?,
             },
             log_json: env.choice(&LOG_FORMAT)? == "json",
+            http: HttpConfig {
+                read_timeout: env.millis(&HTTP_READ_TIMEOUT_MS)?,
+                idle_timeout: env.millis(&HTTP_IDLE_TIMEOUT_MS)?,
+                max_connections: env.number(&HTTP_MAX_CONNECTIONS)? as usize,
+                max_in_flight: env.number(&HTTP_MAX_IN_FLIGHT)? as usize,
+                metrics_bind: match env.text(&METRICS_BIND) {
+                    Some(_) => Some(env.bind(&METRICS_BIND)?),
+                    None => None,
+                },
+            },
+            tenant_limits: TenantLimits {
+                rate_per_sec: Some(env.number(&TENANT_RATE_PER_SEC)? as u32).filter(|&r| r > 0),
+                burst: env.number(&TENANT_BURST)? as u32,
+                max_in_flight: env.number(&TENANT_MAX_IN_FLIGHT)? as u32,
+            },
             db_pool_size: env.number(&DB_POOL_SIZE)? as u32,
+            db_statement_timeout: env.millis(&DB_STATEMENT_TIMEOUT_MS)?,
             purge_interval: env.secs(&PURGE_INTERVAL_SECS)?,
-            metrics_bind: env.bind(&METRICS_BIND)?,
         };
+        if config.idempotency.inflight_wait >= config.idempotency.lease {
+            return Err(ConfigError::new(format!(
+                "{} must be shorter than {}",
+                INFLIGHT_WAIT_MS.name, LEASE_SECS.name
+            )));
+        }
         if config.outbox.backoff_max < config.outbox.backoff_initial {
             return Err(ConfigError::new(format!(
                 "{} must not be below {}",
@@ -595,14 +532,63 @@ mod tests {
     fn secrets_never_print() {
         let c = config(&[
             ("DATABASE_URL", "postgres://u:pw@h/db"),
-            ("ORDERD_JWT_HS256_SECRET", "very-secret-value-123"),
+            ("ORDERD_JWT_HS256_SECRET", "very-secret-value-0123456789abcdef"),
         ])
         .unwrap();
         let printed = format!("{c:?}");
         assert!(
-            !printed.contains("very-secret-value-123") && !printed.contains("pw@h"),
+            !printed.contains("very-secret-value") && !printed.contains("pw@h"),
             "{printed}"
         );
+    }
+
+    #[test]
+    fn every_number_has_an_upper_bound_that_fits_its_use() {
+        let huge = u64::MAX.to_string();
+        for s in SETTINGS {
+            if let Kind::Number { max, .. } = s.kind {
+                assert!(max <= u32::MAX as u64, "{} may overflow a u32", s.name);
+                let err = config(&[("DATABASE_URL", "x"), (s.name, &huge)])
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.starts_with(s.name), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn tokens_need_exactly_one_verifier_and_a_long_enough_secret() {
+        let err = config(&[
+            ("DATABASE_URL", "x"),
+            ("ORDERD_JWT_HS256_SECRET", "0123456789abcdef0123456789abcdef"),
+            ("ORDERD_JWT_JWKS_URL", "http://127.0.0.1/jwks"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("exactly one"), "{err}");
+        let err = config(&[
+            ("DATABASE_URL", "x"),
+            ("ORDERD_JWT_HS256_SECRET", "0123456789abcdef0123456789abcde"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("ORDERD_JWT_HS256_SECRET"), "{err}");
+        let err = config(&[("DATABASE_URL", "x"), ("ORDERD_JWT_JWKS_URL", "file:///etc/passwd")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("ORDERD_JWT_JWKS_URL"), "{err}");
+    }
+
+    #[test]
+    fn the_in_flight_wait_must_end_before_the_lease() {
+        let err = config(&[
+            ("DATABASE_URL", "x"),
+            ("ORDERD_LEASE_SECS", "1"),
+            ("ORDERD_INFLIGHT_WAIT_MS", "1000"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("ORDERD_INFLIGHT_WAIT_MS"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub const OUTBOX_FAILURES: &str = "outbox_publish_failures_total";
 pub const OUTBOX_LAG: &str = "outbox_publish_lag_seconds";
 pub const HTTP_REQUESTS: &str = "http_requests_total";
 pub const HTTP_DURATION: &str = "http_request_duration_seconds";
+pub const RATE_LIMITED: &str = "rate_limited_requests_total";
 
 /// Declares a label enum with its wire spelling and the `ALL` list used to export every
 /// series at zero from start-up.
@@ -213,6 +214,10 @@ fn describe() {
         Unit::Seconds,
         "HTTP request latency by method and route template"
     );
+    describe_counter!(
+        RATE_LIMITED,
+        "Requests refused by a tenant's rate or in-flight limit, by route template"
+    );
 }
 
 fn zero() {
@@ -227,6 +232,9 @@ fn zero() {
     }
     for reason in FailureReason::ALL {
         counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).absolute(0);
+    }
+    for route in Route::ALL {
+        counter!(RATE_LIMITED, "route" => route.as_str()).absolute(0);
     }
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
@@ -247,6 +255,10 @@ pub fn published(event_type: EventType, lag_secs: f64) {
 
 pub fn publish_failure(reason: FailureReason) {
     counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).increment(1);
+}
+
+pub fn rate_limited(route: Route) {
+    counter!(RATE_LIMITED, "route" => route.as_str()).increment(1);
 }
 
 /// The outbox backlog gauges.

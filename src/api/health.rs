@@ -1,10 +1,12 @@
 //! Liveness and readiness probes.
 
+use std::sync::Arc;
+
 use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
 
 use super::{ApiTags, AppState};
-use crate::db;
+use crate::{auth::Verifier, db};
 
 pub struct HealthApi;
 
@@ -13,7 +15,8 @@ pub enum ReadyResponse {
     /// The database answers.
     #[oai(status = 200)]
     Ready(PlainText<&'static str>),
-    /// The database does not answer; take this instance out of rotation.
+    /// The database does not answer, or no token can be verified yet (a JWKS not
+    /// fetched); take this instance out of rotation.
     #[oai(status = 503)]
     NotReady(PlainText<&'static str>),
 }
@@ -26,9 +29,12 @@ impl HealthApi {
         PlainText("ok")
     }
 
-    /// The process can serve: its database is reachable.
+    /// The process can serve: its database is reachable and it can verify tokens.
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
-    async fn readyz(&self, state: Data<&AppState>) -> ReadyResponse {
+    async fn readyz(&self, state: Data<&AppState>, verifier: Data<&Arc<Verifier>>) -> ReadyResponse {
+        if !verifier.is_ready() {
+            return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
+        }
         match db::ping(&state.pool).await {
             Ok(()) => ReadyResponse::Ready(PlainText("ready")),
             Err(why) => {

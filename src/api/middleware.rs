@@ -2,7 +2,9 @@
 //! in `api::routes` (outermost first):
 //!
 //! - [`access_log`]: the request id, the HTTP metrics and the one log line per request;
-//! - [`limit_body`]: the 64 KiB body limit, before any handler reads the body;
+//! - [`shed_load`]: the cap on requests in flight, before any authentication work;
+//! - [`limit_body`]: the URI and body limits and the body's deadline, before any
+//!   handler reads the body;
 //! - [`errors_as_problems`]: every error (ours, poem's, poem-openapi's) as problem+json;
 //! - [`panic_response`]: a panicking handler answers a plain 500 problem.
 
@@ -14,11 +16,18 @@ use poem::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::problem::{FieldError, Kind, Problem};
+use tokio::sync::Semaphore;
+
+use super::{
+    problem::{FieldError, Kind, Problem},
+    server::Conn,
+};
 use crate::{metrics, telemetry};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest accepted request target (path and query).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// Request id, metrics and the request log line, around everything else.
 pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
@@ -64,13 +73,70 @@ pub async fn errors_as_problems<E: Endpoint>(
     })
 }
 
-/// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed, before any handler runs.
+/// Sheds load beyond `in_flight` requests with 503 and `Retry-After`, before any
+/// authentication work. Probes and metrics are exempt: an orchestrator must still see
+/// the process alive while it sheds.
+pub async fn shed_load<E: Endpoint>(
+    in_flight: Arc<Semaphore>,
+    inner: Arc<E>,
+    req: Request,
+) -> poem::Result<Response> {
+    let exempt = matches!(
+        metrics::Route::of_path(req.uri().path()),
+        metrics::Route::Healthz | metrics::Route::Readyz | metrics::Route::Metrics
+    );
+    let _permit = match in_flight.try_acquire_owned() {
+        Ok(permit) => Some(permit),
+        Err(_) if exempt => None,
+        Err(_) => {
+            let problem = Problem::new(Kind::ServiceUnavailable)
+                .with_detail("the server is at capacity; retry shortly")
+                .with_header(header::RETRY_AFTER, HeaderValue::from(1));
+            return Ok(problem.to_response(Some(req.uri().path())));
+        }
+    };
+    inner.call(req).await.map(IntoResponse::into_response)
+}
+
+/// Refuses request targets over [`MAX_URI_BYTES`] (414) and bodies over
+/// [`MAX_BODY_BYTES`], declared or streamed (413), and answers 408 when the body has
+/// not arrived by the request's read deadline; all before any handler runs.
 pub async fn limit_body<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::Result<Response> {
     let path = req.uri().path().to_string();
-    match buffer_body(&mut req).await {
+    let conn = req.extensions().get::<Arc<Conn>>().cloned();
+    if req.uri().to_string().len() > MAX_URI_BYTES {
+        let problem = Problem::new(Kind::UriTooLong).with_detail(format!(
+            "request targets are limited to {MAX_URI_BYTES} bytes"
+        ));
+        return Ok(closing(problem.to_response(Some(&path))));
+    }
+    let buffered = match &conn {
+        Some(conn) => tokio::time::timeout_at(conn.request_deadline(), buffer_body(&mut req))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Problem::new(Kind::RequestTimeout)
+                    .with_detail("the request body did not arrive in time"))
+            }),
+        None => buffer_body(&mut req).await,
+    };
+    if let Some(conn) = &conn {
+        conn.body_received();
+    }
+    match buffered {
         Ok(()) => inner.call(req).await.map(IntoResponse::into_response),
+        Err(problem) if problem.kind == Kind::RequestTimeout => {
+            Ok(closing(problem.to_response(Some(&path))))
+        }
         Err(problem) => Ok(problem.to_response(Some(&path))),
     }
+}
+
+/// Asks the server to close the connection after this response.
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// The header that carries a request's id in and out.

@@ -8,10 +8,12 @@
 pub mod auth;
 pub mod health;
 pub mod idempotent;
+pub mod limits;
 pub mod middleware;
 pub mod orders;
 pub mod problem;
 pub mod responses;
+pub mod server;
 pub mod strict;
 
 use std::sync::Arc;
@@ -21,7 +23,8 @@ use poem::{Endpoint, EndpointExt, Route, middleware::CatchPanic};
 use poem_openapi::{OpenApiService, Tags};
 use sqlx::PgPool;
 
-use crate::{auth::Verifier, idempotency::Guard};
+use self::limits::TenantLimiter;
+use crate::{auth::Verifier, config::Config, idempotency::Guard};
 
 /// What handlers share, handed to them as request data.
 #[derive(Clone)]
@@ -54,20 +57,47 @@ pub fn service() -> OpenApiService<(orders::OrdersApi, health::HealthApi), ()> {
     )
 }
 
-/// The whole HTTP surface of `orderd serve`, with its middleware.
-pub fn routes(state: AppState, verifier: Arc<Verifier>) -> impl Endpoint {
+/// What the routes share besides the handlers' state.
+pub struct Shared {
+    pub verifier: Arc<Verifier>,
+    pub limiter: Arc<TenantLimiter>,
+}
+
+impl Shared {
+    pub fn new(verifier: Arc<Verifier>, config: &Config) -> Self {
+        Self {
+            verifier,
+            limiter: Arc::new(TenantLimiter::new(&config.tenant_limits)),
+        }
+    }
+}
+
+/// The whole HTTP surface of `orderd serve`, with its middleware; `/metrics` only when
+/// `with_metrics` (else it is served on a listener of its own).
+pub fn routes(
+    state: AppState,
+    shared: &Shared,
+    config: &Config,
+    with_metrics: bool,
+) -> impl Endpoint + use<> {
     let api = service();
-    Route::new()
-        .at("/metrics", metrics_endpoint())
+    let mut route = Route::new();
+    if with_metrics {
+        route = route.at("/metrics", metrics_endpoint());
+    }
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight));
+    route
         .at("/openapi.json", api.spec_endpoint())
         .at("/openapi.yaml", api.spec_endpoint_yaml())
         .nest("/docs", api.swagger_ui())
         .nest("/", api)
         .data(state)
-        .data(verifier)
+        .data(shared.verifier.clone())
+        .data(shared.limiter.clone())
         .with(CatchPanic::new().with_handler(middleware::panic_response))
         .around(middleware::errors_as_problems)
         .around(middleware::limit_body)
+        .around(move |inner, req| middleware::shed_load(in_flight.clone(), inner, req))
         .around(middleware::access_log)
 }
 

@@ -68,8 +68,12 @@ pub enum Kind {
     MethodNotAllowed,
     PayloadTooLarge,
     UnsupportedMediaType,
+    RateLimited,
     ServiceUnavailable,
     InternalError,
+    RequestTimeout,
+    UriTooLong,
+    HeadersTooLarge,
 }
 
 impl Kind {
@@ -86,8 +90,12 @@ impl Kind {
             Kind::MethodNotAllowed => "method-not-allowed",
             Kind::PayloadTooLarge => "payload-too-large",
             Kind::UnsupportedMediaType => "unsupported-media-type",
+            Kind::RateLimited => "rate-limited",
             Kind::ServiceUnavailable => "service-unavailable",
             Kind::InternalError => "internal-error",
+            Kind::RequestTimeout => "request-timeout",
+            Kind::UriTooLong => "uri-too-long",
+            Kind::HeadersTooLarge => "headers-too-large",
         }
     }
 
@@ -104,8 +112,12 @@ impl Kind {
             Kind::MethodNotAllowed => "Method not allowed",
             Kind::PayloadTooLarge => "Payload too large",
             Kind::UnsupportedMediaType => "Unsupported media type",
+            Kind::RateLimited => "Too many requests",
             Kind::ServiceUnavailable => "Service unavailable",
             Kind::InternalError => "Internal error",
+            Kind::RequestTimeout => "The request did not arrive in time",
+            Kind::UriTooLong => "URI too long",
+            Kind::HeadersTooLarge => "Request header fields too large",
         }
     }
 
@@ -122,8 +134,12 @@ impl Kind {
             Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Kind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Kind::UriTooLong => StatusCode::URI_TOO_LONG,
+            Kind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         }
     }
 }
@@ -227,12 +243,19 @@ impl poem::error::ResponseError for Problem {
 
 impl From<sqlx::Error> for Problem {
     fn from(err: sqlx::Error) -> Self {
-        match err {
-            // A pool that cannot hand out a connection is an availability problem, not a bug.
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                Problem::unavailable(err)
-            }
-            other => Problem::internal(other),
+        // SQLSTATEs that say "not now" rather than "never": a cancelled statement
+        // (statement timeout), a transaction left idle too long, a lock not granted,
+        // too many connections, a server shutting down.
+        const UNAVAILABLE: [&str; 6] = ["57014", "25P03", "55P03", "53300", "57P01", "57P03"];
+        let transient = match &err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| UNAVAILABLE.contains(&c.as_ref())),
+            _ => false,
+        };
+        if transient {
+            Problem::unavailable(err).with_header(header::RETRY_AFTER, HeaderValue::from(1))
+        } else {
+            Problem::internal(err)
         }
     }
 }

@@ -13,7 +13,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod store;
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -24,7 +24,7 @@ pub use self::{
     key::{IdempotencyKey, KeyError},
     store::{Scope, StoredResponse},
 };
-use crate::{config::IdempotencyConfig, metrics, metrics::Outcome, telemetry};
+use crate::{config::IdempotencyConfig, db, metrics, metrics::Outcome, telemetry};
 
 /// The future an operation returns: it borrows the transaction it was handed.
 pub type TxFuture<'c, E> = Pin<Box<dyn Future<Output = Result<StoredResponse, E>> + Send + 'c>>;
@@ -65,6 +65,8 @@ pub struct Answer {
 pub struct Guard {
     pool: PgPool,
     config: IdempotencyConfig,
+    /// `BEGIN` with the statement timeouts, for the business transaction.
+    begin: Arc<str>,
 }
 
 /// What the claim step decided.
@@ -76,8 +78,12 @@ enum Claim {
 }
 
 impl Guard {
-    pub fn new(pool: PgPool, config: IdempotencyConfig) -> Self {
-        Self { pool, config }
+    pub fn new(pool: PgPool, config: IdempotencyConfig, statement_timeout: Duration) -> Self {
+        Self {
+            pool,
+            config,
+            begin: db::begin_statement(statement_timeout).into(),
+        }
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -229,7 +235,7 @@ impl Guard {
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, E> + Send,
     {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = db::begin(&self.pool, &self.begin).await?;
         let response = operation(&mut tx).await.map_err(GuardError::Operation)?;
         let ttl_secs = self.config.ttl.as_secs() as i64;
         if !store::complete(&mut tx, scope, owner, &response, ttl_secs).await? {

@@ -1,19 +1,23 @@
-//! JWT verification and dev-token minting (docs/contract.md, "Authentication").
+//! JWT verification and dev-token minting (docs/contract.md §2).
 //!
 //! Transport-neutral: verification answers a [`Principal`] or an [`AuthError`]; the
 //! REST API and the MCP endpoint turn the error into their 401/403.
 //!
-//! The accepted algorithm is decided by which key is configured, never by the token:
-//! HS256 only with a shared secret, RS256 only with an RSA public key, ES256 only with
-//! an EC public key. That refuses `alg: none` (not even parseable) and algorithm
-//! confusion (an HS256 token "signed" with the public key as secret).
+//! Exactly one verifier is configured: an HS256 secret, a PEM public key, or a JWKS URL.
+//! The accepted algorithm always follows from the key, never from the token: HS256 only
+//! with the secret, RS256 with an RSA public key, ES256 with an EC one, and for a JWKS
+//! the key's own `alg` (or its type). That refuses `alg: none` (not even parseable) and
+//! algorithm confusion (an HS256 token "signed" with a public key as its secret).
 
-use std::{collections::HashSet, time::Duration};
+pub mod jwks;
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use self::jwks::Jwks;
 use crate::{
     config::{ConfigError, JwtConfig, Secret},
     tenant::TenantId,
@@ -23,6 +27,8 @@ use crate::{
 pub const SCOPE_WRITE: &str = "orders:write";
 /// Scope needed by every read.
 pub const SCOPE_READ: &str = "orders:read";
+/// Clock skew tolerated on `exp` and `nbf`.
+pub const LEEWAY_SECS: u64 = 30;
 
 /// Why a request was not authenticated (401) or not authorised (403).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,92 +61,132 @@ impl Principal {
     }
 }
 
-/// The claims orderd reads. Unknown claims are ignored.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Claims {
-    pub tenant_id: Uuid,
-    pub sub: String,
-    pub exp: u64,
-    pub scope: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub iss: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub aud: Option<String>,
+/// The claims orderd reads. Unknown claims are ignored; `iss`, `aud`, `exp` and `nbf`
+/// are checked by the validation itself (`aud` may be a string or an array).
+#[derive(Debug, Deserialize)]
+struct Claims {
+    tenant_id: Uuid,
+    sub: String,
+    scope: String,
 }
 
-/// Verifies bearer tokens against the configured keys.
+/// What `orderd token` signs.
+#[derive(Debug, Serialize)]
+struct MintedClaims<'a> {
+    tenant_id: Uuid,
+    sub: &'a str,
+    exp: u64,
+    iat: u64,
+    scope: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iss: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aud: Option<String>,
+}
+
+/// Where verification keys come from.
+enum Keys {
+    Hs256(DecodingKey),
+    /// A public key and the one algorithm its type allows.
+    Public(Algorithm, DecodingKey),
+    Jwks(Arc<Jwks>),
+}
+
+/// Verifies bearer tokens against the configured key.
 pub struct Verifier {
-    hs256: Option<DecodingKey>,
-    /// The public key and the one algorithm its type allows.
-    public: Option<(Algorithm, DecodingKey)>,
+    keys: Keys,
     issuer: Option<String>,
     audience: Option<String>,
 }
 
 impl Verifier {
     /// Builds the verifier; fails at start-up when no key is configured or the key file
-    /// cannot be read, naming the variable.
+    /// cannot be read, naming the variable. A JWKS is fetched later (see
+    /// [`Verifier::jwks`]), so a provider that is down does not stop the process.
     pub fn new(config: &JwtConfig) -> Result<Self, ConfigError> {
-        let hs256 = match &config.hs256_secret {
-            Some(secret) => Some(
+        let keys = if let Some(secret) = &config.hs256_secret {
+            Keys::Hs256(
                 DecodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| {
                     ConfigError::new(format!("ORDERD_JWT_HS256_SECRET is unusable: {e}"))
                 })?,
-            ),
-            None => None,
-        };
-        let public = match &config.public_key_file {
-            Some(path) => {
-                let pem = std::fs::read(path).map_err(|e| {
-                    ConfigError::new(format!(
-                        "ORDERD_JWT_PUBLIC_KEY_FILE {} cannot be read: {e}",
-                        path.display()
-                    ))
-                })?;
-                if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
-                    Some((Algorithm::RS256, key))
-                } else if let Ok(key) = DecodingKey::from_ec_pem(&pem) {
-                    Some((Algorithm::ES256, key))
-                } else {
-                    return Err(ConfigError::new(format!(
-                        "ORDERD_JWT_PUBLIC_KEY_FILE {} is not an RSA or EC public key in PEM form",
-                        path.display()
-                    )));
-                }
+            )
+        } else if let Some(path) = &config.public_key_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                ConfigError::new(format!(
+                    "ORDERD_JWT_PUBLIC_KEY_FILE {} cannot be read: {e}",
+                    path.display()
+                ))
+            })?;
+            if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
+                Keys::Public(Algorithm::RS256, key)
+            } else if let Ok(key) = DecodingKey::from_ec_pem(&pem) {
+                Keys::Public(Algorithm::ES256, key)
+            } else {
+                return Err(ConfigError::new(format!(
+                    "ORDERD_JWT_PUBLIC_KEY_FILE {} is not an RSA or EC public key in PEM form",
+                    path.display()
+                )));
             }
-            None => None,
-        };
-        if hs256.is_none() && public.is_none() {
+        } else if let Some(url) = &config.jwks_url {
+            Keys::Jwks(Arc::new(Jwks::new(url.clone())))
+        } else {
             return Err(ConfigError::new(
-                "ORDERD_JWT_HS256_SECRET or ORDERD_JWT_PUBLIC_KEY_FILE must be set to verify tokens",
+                "set one of ORDERD_JWT_HS256_SECRET, ORDERD_JWT_PUBLIC_KEY_FILE and ORDERD_JWT_JWKS_URL to verify tokens",
             ));
-        }
+        };
         Ok(Self {
-            hs256,
-            public,
+            keys,
             issuer: config.issuer.clone(),
             audience: config.audience.clone(),
         })
     }
 
+    /// The key set, when tokens are verified against a JWKS (its refresh job needs it).
+    pub fn jwks(&self) -> Option<Arc<Jwks>> {
+        match &self.keys {
+            Keys::Jwks(jwks) => Some(jwks.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether tokens can be verified at all: false only while a JWKS was never fetched.
+    pub fn is_ready(&self) -> bool {
+        match &self.keys {
+            Keys::Jwks(jwks) => jwks.has_keys(),
+            _ => true,
+        }
+    }
+
     /// Verifies `token` and returns the caller, or why not.
-    pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+    pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| {
             AuthError::InvalidToken("the token is malformed or uses an unsupported algorithm")
         })?;
-        let key = match (header.alg, &self.hs256, &self.public) {
-            (Algorithm::HS256, Some(key), _) => key,
-            (alg, _, Some((allowed, key))) if alg == *allowed => key,
-            _ => {
-                return Err(AuthError::InvalidToken(
-                    "the token's algorithm is not accepted",
-                ));
+        let not_accepted = AuthError::InvalidToken("the token's algorithm is not accepted");
+        match &self.keys {
+            Keys::Hs256(key) if header.alg == Algorithm::HS256 => self.validate(token, header.alg, key),
+            Keys::Public(alg, key) if header.alg == *alg => self.validate(token, *alg, key),
+            Keys::Jwks(jwks) => {
+                let kid = header
+                    .kid
+                    .as_deref()
+                    .ok_or(AuthError::InvalidToken("the token names no key (`kid`)"))?;
+                let (alg, key) = jwks.key(kid).await?;
+                if header.alg != alg {
+                    return Err(not_accepted);
+                }
+                self.validate(token, alg, &key)
             }
-        };
-        let mut validation = Validation::new(header.alg);
+            _ => Err(not_accepted),
+        }
+    }
+
+    fn validate(&self, token: &str, alg: Algorithm, key: &DecodingKey) -> Result<Principal, AuthError> {
+        let mut validation = Validation::new(alg);
         validation.required_spec_claims = ["exp", "sub"].into_iter().map(String::from).collect();
         validation.validate_exp = true;
-        validation.leeway = 30;
+        validation.validate_nbf = true;
+        validation.leeway = LEEWAY_SECS;
         match &self.issuer {
             Some(iss) => {
                 validation.set_issuer(&[iss]);
@@ -157,8 +203,9 @@ impl Verifier {
         }
         let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
-            let why = match e.kind() {
+            AuthError::InvalidToken(match e.kind() {
                 ErrorKind::ExpiredSignature => "the token has expired",
+                ErrorKind::ImmatureSignature => "the token is not valid yet (`nbf`)",
                 ErrorKind::InvalidSignature => "the token's signature is invalid",
                 ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
                 ErrorKind::InvalidAudience => "the token's audience is not accepted",
@@ -166,8 +213,7 @@ impl Verifier {
                     "the token lacks a required claim (tenant_id, sub, exp, scope) or one is malformed"
                 }
                 _ => "the token is invalid",
-            };
-            AuthError::InvalidToken(why)
+            })
         })?;
         let claims = data.claims;
         Ok(Principal {
@@ -192,24 +238,20 @@ pub fn mint_hs256(
     issuer: Option<String>,
     audience: Option<String>,
 ) -> anyhow::Result<String> {
-    let exp = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs()
-        + ttl.as_secs();
-    let claims = Claims {
+        .as_secs();
+    let claims = MintedClaims {
         tenant_id: tenant,
-        sub: subject.to_string(),
-        exp,
-        scope: scope.to_string(),
+        sub: subject,
+        exp: now.saturating_add(ttl.as_secs()),
+        iat: now,
+        scope,
         iss: issuer,
         aud: audience,
     };
     let key = EncodingKey::from_secret(secret.expose().as_bytes())?;
-    Ok(jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &key,
-    )?)
+    Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key)?)
 }
 
 #[cfg(test)]
@@ -217,7 +259,7 @@ mod tests {
     use super::*;
 
     fn verifier() -> (Verifier, Secret) {
-        let secret = Secret::new("unit-test-secret-0123456789");
+        let secret = Secret::new("unit-test-secret-0123456789abcdefghijkl");
         let v = Verifier::new(&JwtConfig {
             hs256_secret: Some(secret.clone()),
             ..Default::default()
@@ -226,8 +268,8 @@ mod tests {
         (v, secret)
     }
 
-    #[test]
-    fn a_minted_token_verifies_with_its_tenant_and_scopes() {
+    #[tokio::test]
+    async fn a_minted_token_verifies_with_its_tenant_and_scopes() {
         let (v, secret) = verifier();
         let tenant = Uuid::new_v4();
         let token = mint_hs256(
@@ -240,7 +282,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let p = v.verify(&token).unwrap();
+        let p = v.verify(&token).await.unwrap();
         assert_eq!(p.tenant, TenantId(tenant));
         assert!(p.require(SCOPE_WRITE).is_ok() && p.require(SCOPE_READ).is_ok());
         assert_eq!(

@@ -1,0 +1,522 @@
+//! The HTTP/1.1 server under the routes: the accept loop, the connection cap, the read
+//! and idle timeouts, and problem+json for what the protocol layer refuses by itself.
+//!
+//! poem's own server leaves hyper's timers off, serves HTTP/2 with no stream limit and
+//! retries a failing `accept` in a busy loop, so a crowd of silent connections could
+//! hold the service down. This one owns the loop:
+//!
+//! - at most `max_connections` connections are open (also kept below the process's
+//!   file-descriptor limit); further clients wait in the kernel's accept queue;
+//! - an `accept` that fails (descriptors exhausted) is retried after a pause, not in a
+//!   loop;
+//! - every connection has one deadline at a time, tracked by [`Conn`]: a new connection
+//!   must deliver a whole request (head and body) within the read timeout, a request must
+//!   arrive whole within the read timeout of its first byte, and a keep-alive connection
+//!   may idle for the idle timeout. A head that misses its deadline is answered 408 and
+//!   the connection closed; a late body is answered 408 by `middleware::limit_body`;
+//! - HTTP/1.1 only: HTTP/2 belongs behind a TLS-terminating proxy;
+//! - hyper answers a malformed or oversized head (400, 414, 431) itself, with an empty
+//!   body; [`Watched`] replaces that answer with a problem+json body.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, combinators::BoxBody};
+use hyper::{body::Incoming, server::conn::http1};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use poem::{Endpoint, IntoEndpoint, web::{LocalAddr, RemoteAddr}};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{Notify, Semaphore},
+    time::Instant,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use super::problem::{Kind, Problem};
+
+/// Largest request head hyper buffers; a longer one is refused with 431.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest total size of the header fields; more is refused with 431.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// Most header fields in one request; more is refused with 431.
+pub const MAX_HEADERS: usize = 128;
+/// Descriptors kept free for everything that is not a client connection (database
+/// pool, listeners, files).
+const RESERVED_FDS: u64 = 256;
+
+/// How the server treats connections.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Serves `endpoint` on `listener` until `shutdown` resolves, then stops accepting, lets
+/// requests in progress finish within `grace`, and closes what remains.
+pub async fn serve<E>(
+    listener: TcpListener,
+    endpoint: E,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> io::Result<()>
+where
+    E: IntoEndpoint,
+    E::Endpoint: 'static,
+{
+    let endpoint: Arc<dyn DynEndpoint> = Arc::new(endpoint.into_endpoint());
+    let local = listener.local_addr()?;
+    let max_connections = limits.max_connections.min(descriptor_budget());
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let stopping = CancellationToken::new();
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    let mut accept_errors_logged_at: Option<Instant> = None;
+    loop {
+        let slot = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
+        let (socket, remote) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors (or memory): pause instead of spinning, and
+                    // say so at most every ten seconds.
+                    let now = Instant::now();
+                    if accept_errors_logged_at.is_none_or(|t| now - t > Duration::from_secs(10)) {
+                        tracing::warn!(error = %e, "cannot accept connections; pausing");
+                        accept_errors_logged_at = Some(now);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = socket.set_nodelay(true);
+        let endpoint = endpoint.clone();
+        let limits = limits.clone();
+        let stopping = stopping.clone();
+        connections.spawn(async move {
+            serve_connection(socket, local, remote, endpoint, limits, stopping).await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    stopping.cancel();
+    connections.close();
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+    Ok(())
+}
+
+/// How many connections the file-descriptor limit allows, after raising the soft
+/// limit to the hard one.
+fn descriptor_budget() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return usize::MAX;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    let budget = (limit.rlim_cur as u64).saturating_sub(RESERVED_FDS).max(16);
+    usize::try_from(budget).unwrap_or(usize::MAX)
+}
+
+/// The endpoint behind a trait object, so every connection shares one.
+trait DynEndpoint: Send + Sync {
+    fn call(&self, req: poem::Request) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>>;
+}
+
+impl<E: Endpoint> DynEndpoint for E {
+    fn call(&self, req: poem::Request) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>> {
+        Box::pin(self.get_response(req))
+    }
+}
+
+async fn serve_connection(
+    socket: TcpStream,
+    local: SocketAddr,
+    remote: SocketAddr,
+    endpoint: Arc<dyn DynEndpoint>,
+    limits: Limits,
+    stopping: CancellationToken,
+) {
+    let conn = Arc::new(Conn::new(limits.read_timeout));
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |req: http::Request<Incoming>| {
+            let (endpoint, conn) = (endpoint.clone(), conn.clone());
+            async move {
+                conn.set(Phase::Body);
+                let mut req: poem::Request = (
+                    req,
+                    LocalAddr(local.into()),
+                    RemoteAddr(remote.into()),
+                    http::uri::Scheme::HTTP,
+                )
+                    .into();
+                req.extensions_mut().insert(conn.clone());
+                let response: http::Response<BoxBody<Bytes, io::Error>> =
+                    endpoint.call(req).await.into();
+                // The connection is idle again once hyper has taken the whole body (or
+                // dropped it unread, as for HEAD).
+                let idle = IdleOnDrop(conn);
+                let response = response.map(|body| {
+                    BoxBody::new(body.with_trailers(async move {
+                        drop(idle);
+                        None
+                    }))
+                });
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    let io = TokioIo::new(Watched {
+        inner: socket,
+        conn: conn.clone(),
+        replacement: None,
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADERS);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let mut shutting_down = false;
+    loop {
+        let deadline = conn.deadline(&limits);
+        tokio::select! {
+            _ = &mut connection => return,
+            _ = tokio::time::sleep_until(deadline) => {
+                if conn.deadline(&limits) > Instant::now() {
+                    continue; // the phase moved on meanwhile
+                }
+                match conn.phase() {
+                    // A late head: answer 408 and close (through the read side, see `Watched`).
+                    Phase::Head { .. } | Phase::Fresh => conn.time_out(),
+                    // A late body is answered by the body middleware; this is the backstop.
+                    Phase::Body => return,
+                    Phase::Idle { .. } => connection.as_mut().graceful_shutdown(),
+                    Phase::Handling => {}
+                }
+                // Give hyper a moment to write and close; then drop the connection.
+                let _ = tokio::time::timeout(Duration::from_secs(1), &mut connection).await;
+                return;
+            }
+            _ = conn.changed.notified() => {}
+            _ = stopping.cancelled(), if !shutting_down => {
+                shutting_down = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Marks the connection idle when dropped: after the last frame of a response body.
+struct IdleOnDrop(Arc<Conn>);
+
+impl Drop for IdleOnDrop {
+    fn drop(&mut self) {
+        self.0.set_idle();
+    }
+}
+
+/// Where a connection is in its life, which decides its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Opened, nothing received yet: the whole first request is due within the read
+    /// timeout of the connection's start.
+    Fresh,
+    /// A head is arriving (its first byte came at `since`).
+    Head { since: Instant },
+    /// The head is parsed; the body is being read by the middleware.
+    Body,
+    /// The request is complete; the handler runs or the response is being written.
+    Handling,
+    /// Between requests on a keep-alive connection, since `since`.
+    Idle { since: Instant },
+}
+
+/// The state of one connection, shared by the socket wrapper, the request (as request
+/// data, so the body middleware can keep the deadline) and the connection's task.
+pub struct Conn {
+    state: Mutex<State>,
+    /// Signalled on every phase change, so the connection task re-arms its timer.
+    changed: Notify,
+}
+
+struct State {
+    phase: Phase,
+    opened: Instant,
+    /// When the current request's first byte arrived (or the connection opened).
+    request_started: Instant,
+    read_timeout: Duration,
+    timed_out: bool,
+    read_waker: Option<Waker>,
+}
+
+impl Conn {
+    fn new(read_timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            state: Mutex::new(State {
+                phase: Phase::Fresh,
+                opened: now,
+                request_started: now,
+                read_timeout,
+                timed_out: false,
+                read_waker: None,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    fn set(&self, phase: Phase) {
+        self.lock().phase = phase;
+        self.changed.notify_one();
+    }
+
+    fn set_idle(&self) {
+        self.set(Phase::Idle {
+            since: Instant::now(),
+        });
+    }
+
+    /// The whole body of the current request is in: the read deadline no longer applies.
+    pub fn body_received(&self) {
+        self.set(Phase::Handling);
+    }
+
+    /// When the current request must have arrived whole.
+    pub fn request_deadline(&self) -> Instant {
+        let state = self.lock();
+        state.request_started + state.read_timeout
+    }
+
+    fn deadline(&self, limits: &Limits) -> Instant {
+        let state = self.lock();
+        match state.phase {
+            Phase::Fresh => state.opened + limits.read_timeout,
+            Phase::Head { since } => since + limits.read_timeout,
+            // The middleware answers 408 at the read deadline; this backstop is later.
+            Phase::Body => state.request_started + limits.read_timeout + Duration::from_secs(2),
+            Phase::Handling => Instant::now() + Duration::from_secs(3600),
+            Phase::Idle { since } => since + limits.idle_timeout,
+        }
+    }
+
+    /// Bytes arrived: a head starts if none was in progress.
+    fn on_read(&self) {
+        let mut state = self.lock();
+        if let Phase::Idle { .. } = state.phase {
+            let now = Instant::now();
+            state.phase = Phase::Head { since: now };
+            state.request_started = now;
+            drop(state);
+            self.changed.notify_one();
+        } else if state.phase == Phase::Fresh {
+            state.phase = Phase::Head {
+                since: state.opened,
+            };
+        }
+    }
+
+    /// The head is late: the read side answers 408 and ends the connection.
+    fn time_out(&self) {
+        let mut state = self.lock();
+        state.timed_out = true;
+        if let Some(waker) = state.read_waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// The socket as hyper sees it: notes when requests start, answers 408 for a late head,
+/// and turns hyper's empty automatic refusals into problem+json.
+struct Watched {
+    inner: TcpStream,
+    conn: Arc<Conn>,
+    /// Our answer in place of hyper's, and how much of it is written.
+    replacement: Option<(Vec<u8>, usize)>,
+}
+
+impl Watched {
+    /// Writes what is left of the replacement answer; ready when all of it is out.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((bytes, written)) = &mut self.replacement {
+            if *written == bytes.len() {
+                return Poll::Ready(Ok(()));
+            }
+            let n = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.conn.lock().timed_out {
+            if this.replacement.is_none() {
+                let problem = Problem::new(Kind::RequestTimeout)
+                    .with_detail("the request did not arrive in time");
+                this.replacement = Some((raw_response(&problem), 0));
+            }
+            std::task::ready!(this.poll_replacement(cx))?;
+            // End of input: hyper closes the connection without answering itself.
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.conn.on_read();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                this.conn.lock().read_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.replacement.is_some() {
+            // hyper's own answer is being replaced: swallow the rest of it.
+            std::task::ready!(this.poll_replacement(cx))?;
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let head_in_progress = matches!(this.conn.phase(), Phase::Fresh | Phase::Head { .. });
+        if head_in_progress && let Some(problem) = automatic_refusal(buf) {
+            this.replacement = Some((raw_response(&problem), 0));
+            std::task::ready!(this.poll_replacement(cx))?;
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_replacement(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_replacement(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The problem for hyper's automatic answer to a head it could not parse: a status line
+/// of 400, 414 or 431 with no `content-type`. Every answer of the service carries a
+/// content type, so none is mistaken for one of these.
+fn automatic_refusal(buf: &[u8]) -> Option<Problem> {
+    let head = std::str::from_utf8(buf.get(..buf.len().min(512))?).ok()?;
+    let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?;
+    if head.to_ascii_lowercase().contains("\r\ncontent-type:") {
+        return None;
+    }
+    Some(match status {
+        "400" => Problem::new(Kind::ValidationError)
+            .with_detail("the request is not valid HTTP/1.1 (HTTP/2 is not served here)"),
+        "414" => Problem::new(Kind::UriTooLong),
+        "431" => Problem::new(Kind::HeadersTooLarge).with_detail(format!(
+            "request heads are limited to {MAX_HEADERS} fields and {MAX_HEADER_BYTES} bytes"
+        )),
+        _ => return None,
+    })
+}
+
+/// A complete HTTP/1.1 response carrying `problem`, after which the connection closes.
+fn raw_response(problem: &Problem) -> Vec<u8> {
+    let status = problem.kind.status();
+    let body = serde_json::to_vec(&problem.details()).unwrap_or_default();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        super::problem::PROBLEM_JSON,
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hypers_empty_refusals_are_recognised_and_service_answers_are_not() {
+        let bare = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        assert_eq!(automatic_refusal(bare).unwrap().kind, Kind::HeadersTooLarge);
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: 2\r\n\r\n{}";
+        assert!(automatic_refusal(ours).is_none());
+        assert!(automatic_refusal(b"HTTP/1.1 201 Created\r\n\r\n").is_none());
+    }
+
+    #[test]
+    fn a_raw_problem_response_is_complete_http() {
+        let raw = raw_response(&Problem::new(Kind::RequestTimeout));
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        assert!(body.contains("/problems/request-timeout"));
+    }
+}
