@@ -24,7 +24,7 @@ use orderd::{
     config::Config,
     orders::{NewOrder, store},
     outbox::{
-        publisher::{Message, Outcomes, Publisher},
+        publisher::{Message, Outcome, Outcomes, Publisher},
         relay::Relay,
         sns::SnsPublisher,
     },
@@ -83,7 +83,7 @@ impl Publisher for Immediate {
         &'a self,
         messages: &'a [Message],
     ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>> {
-        Box::pin(async move { vec![Ok(()); messages.len()] })
+        Box::pin(async move { vec![Outcome::Published; messages.len()] })
     }
 }
 

@@ -56,13 +56,15 @@ pub struct TenantLimiter {
 
 /// A tenant's admission: holds one of its database permits until dropped.
 pub struct Admission {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     limiter: Arc<TenantLimiter>,
     tenant: TenantId,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
+        // The permit goes back first, so the tenant may be seen idle.
+        drop(self.permit.take());
         self.limiter.forget_if_idle(self.tenant);
     }
 }
@@ -102,7 +104,7 @@ impl TenantLimiter {
         let permits = self.permits_of(tenant);
         match tokio::time::timeout(PERMIT_WAIT, permits.acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Admission {
-                _permit: permit,
+                permit: Some(permit),
                 limiter: self.clone(),
                 tenant,
             }),

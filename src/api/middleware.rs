@@ -16,6 +16,7 @@ use poem::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use poem_openapi::error::{ParseParamError, ParsePathError};
 use tokio::sync::Semaphore;
 
 use super::{
@@ -207,13 +208,25 @@ async fn drain(reader: impl AsyncRead + Unpin) {
     .await;
 }
 
-/// Maps any error to the contract's problem types; ours pass through unchanged.
+/// Maps any error to the service's problem types; ours pass through unchanged. What the
+/// framework refuses is said in the service's words: no framework type or parameter
+/// names reach a client.
 pub fn to_problem(err: poem::Error) -> Problem {
     if let Some(problem) = err.downcast_ref::<Problem>() {
         return problem.clone();
     }
-    let status = err.status();
-    match status {
+    if err.is::<ParsePathError>() {
+        // The only path parameter of the API is an order id.
+        return invalid("id", "must be a UUID");
+    }
+    if let Some(param) = err.downcast_ref::<ParseParamError>() {
+        let message = match param.name {
+            "limit" => "must be a whole number from 1 to 100",
+            _ => "is not valid here",
+        };
+        return invalid(param.name, message);
+    }
+    match err.status() {
         StatusCode::UNAUTHORIZED => Problem::unauthorized("a bearer token is required"),
         StatusCode::NOT_FOUND => Problem::new(Kind::NotFound).with_detail("no such resource"),
         StatusCode::METHOD_NOT_ALLOWED => Problem::new(Kind::MethodNotAllowed),
@@ -221,26 +234,22 @@ pub fn to_problem(err: poem::Error) -> Problem {
         StatusCode::UNSUPPORTED_MEDIA_TYPE => Problem::new(Kind::UnsupportedMediaType)
             .with_detail("send the body as `application/json`"),
         s if s.is_server_error() => Problem::internal(anyhow::anyhow!("{err}")),
-        // Everything else a client can cause is a malformed request.
+        // Anything else a client can cause is a malformed request; the framework's
+        // wording stays in the log.
         _ => {
-            let message = err.to_string();
-            let mut problem = Problem::new(Kind::ValidationError).with_detail(message.clone());
-            if let Some(field) = field_of(&message) {
-                problem = problem.with_errors(vec![FieldError { field, message }]);
-            }
-            problem
+            tracing::debug!(error = %err, "request refused by the HTTP layer");
+            Problem::new(Kind::ValidationError).with_detail("the request is not valid")
         }
     }
 }
 
-/// poem-openapi names the offending field as ``field `name` `` or the parameter as
-/// ``parameter `name` ``; lift it into `errors` so clients need not parse prose.
-fn field_of(message: &str) -> Option<String> {
-    ["field `", "parameter `"].iter().find_map(|marker| {
-        let start = message.find(marker)? + marker.len();
-        let len = message[start..].find('`')?;
-        Some(message[start..start + len].to_string())
-    })
+fn invalid(field: &str, message: &str) -> Problem {
+    Problem::new(Kind::ValidationError)
+        .with_detail(format!("`{field}` {message}"))
+        .with_errors(vec![FieldError {
+            field: field.to_string(),
+            message: message.to_string(),
+        }])
 }
 
 /// The answer to a panic: a plain 500 problem, the panic itself goes to the log.
@@ -251,24 +260,4 @@ pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Respons
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_default();
     Problem::internal(anyhow::anyhow!("handler panicked: {what}")).to_response(None)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn field_names_are_lifted_from_parse_errors() {
-        assert_eq!(
-            field_of(
-                "parse request payload error: failed to parse \"CreateOrderRequest\": field `quantity` verification failed"
-            ),
-            Some("quantity".into())
-        );
-        assert_eq!(
-            field_of("failed to parse parameter `limit`: x"),
-            Some("limit".into())
-        );
-        assert_eq!(field_of("no field here"), None);
-    }
 }

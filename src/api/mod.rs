@@ -6,15 +6,16 @@
 //! to the idempotency core, reads to the orders module; SQL lives below this layer.
 
 pub mod auth;
+pub mod body;
 pub mod health;
 pub mod idempotent;
 pub mod limits;
 pub mod middleware;
 pub mod orders;
+pub mod params;
 pub mod problem;
 pub mod responses;
 pub mod server;
-pub mod strict;
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! call and a REST call are the same operation with the same stored response.
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use poem::web::Data;
 use poem_openapi::{
     ApiResponse, Enum, Object, OpenApi,
@@ -19,10 +19,11 @@ use uuid::Uuid;
 use super::{
     ApiTags, AppState,
     auth::BearerAuth,
+    body::CreateOrderBody,
     idempotent::{Idempotent, render},
-    problem::{FieldError, Kind, Problem, ProblemDetails},
+    params::KeyHeader,
+    problem::{FieldError, Kind, Problem, ProblemBody},
     responses::{Documented, WithBody},
-    strict::StrictString,
 };
 use crate::{
     auth::{SCOPE_READ, SCOPE_WRITE},
@@ -31,21 +32,6 @@ use crate::{
     orders::{self, CancelOutcome, NewOrder, OrderStatus, store::PageAfter},
     tenant::TenantId,
 };
-
-/// Body of `POST /v1/orders`.
-#[derive(Debug, Object)]
-#[oai(deny_unknown_fields)]
-pub struct CreateOrderRequest {
-    /// Stock keeping unit: 1 to 64 of `[A-Za-z0-9._-]`.
-    #[oai(validator(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._-]+$"))]
-    pub sku: StrictString,
-    /// 1 to 10000.
-    #[oai(validator(minimum(value = "1"), maximum(value = "10000")))]
-    pub quantity: i32,
-    /// The client's own reference, at most 128 characters.
-    #[oai(validator(max_length = 128))]
-    pub customer_ref: Option<StrictString>,
-}
 
 /// Lifecycle of an order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
@@ -62,6 +48,7 @@ pub struct OrderView {
     pub id: Uuid,
     pub sku: String,
     pub quantity: i32,
+    #[oai(nullable)]
     pub customer_ref: Option<String>,
     pub status: StatusView,
     /// RFC 3339, database clock.
@@ -92,6 +79,7 @@ impl From<orders::Order> for OrderView {
 pub struct OrderPage {
     pub items: Vec<OrderView>,
     /// Pass as `after` to get the next page; `null` on the last page.
+    #[oai(nullable)]
     pub next: Option<String>,
 }
 
@@ -114,7 +102,7 @@ pub enum CancelOrderResponse {
     Cancelled(Json<OrderView>),
     /// No such order for this tenant (stored and replayed like a success).
     #[oai(status = 404, content_type = "application/problem+json")]
-    NotFound(Json<ProblemDetails>),
+    NotFound(ProblemBody),
 }
 
 #[derive(ApiResponse)]
@@ -123,7 +111,7 @@ pub enum GetOrderResponse {
     Found(Json<OrderView>),
     /// No such order for this tenant.
     #[oai(status = 404, content_type = "application/problem+json")]
-    NotFound(Json<ProblemDetails>),
+    NotFound(ProblemBody),
 }
 
 #[derive(ApiResponse)]
@@ -143,20 +131,15 @@ impl OrdersApi {
         &self,
         auth: BearerAuth,
         state: Data<&AppState>,
-        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
+        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; one per
+        /// operation, reused verbatim on every retry of it.
         #[oai(name = "Idempotency-Key")]
-        idempotency_key: Header<Option<String>>,
-        body: Json<CreateOrderRequest>,
+        idempotency_key: Header<KeyHeader>,
+        body: CreateOrderBody,
     ) -> poem::Result<Documented<WithBody<Idempotent<CreateOrderResponse>>>> {
         auth.0.require(SCOPE_WRITE).map_err(Problem::from)?;
-        let key = IdempotencyKey::parse(idempotency_key.0.as_deref()).map_err(Problem::from)?;
-        let body = body.0;
-        let new = NewOrder {
-            sku: body.sku.0,
-            quantity: body.quantity,
-            customer_ref: body.customer_ref.map(|r| r.0),
-        };
-        let answer = create(&state, auth.0.tenant, key, new).await?;
+        let key = idempotency_key.0.parse()?;
+        let answer = create(&state, auth.0.tenant, key, body.0).await?;
         Ok(Documented(WithBody(answer.into())))
     }
 
@@ -173,12 +156,13 @@ impl OrdersApi {
         state: Data<&AppState>,
         /// The order id.
         id: Path<Uuid>,
-        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; unique per operation.
+        /// 16-128 of `[A-Za-z0-9_-]`, bare or as an RFC 8941 quoted string; one per
+        /// operation, reused verbatim on every retry of it.
         #[oai(name = "Idempotency-Key")]
-        idempotency_key: Header<Option<String>>,
+        idempotency_key: Header<KeyHeader>,
     ) -> poem::Result<Documented<Idempotent<CancelOrderResponse>>> {
         auth.0.require(SCOPE_WRITE).map_err(Problem::from)?;
-        let key = IdempotencyKey::parse(idempotency_key.0.as_deref()).map_err(Problem::from)?;
+        let key = idempotency_key.0.parse()?;
         let answer = cancel(&state, auth.0.tenant, key, id.0).await?;
         Ok(Documented(answer.into()))
     }
@@ -197,7 +181,7 @@ impl OrdersApi {
             .map_err(Problem::from)?;
         Ok(Documented(match found {
             Some(order) => GetOrderResponse::Found(Json(order.into())),
-            None => GetOrderResponse::NotFound(Json(not_found(id.0))),
+            None => GetOrderResponse::NotFound(not_found(id.0)),
         }))
     }
 
@@ -271,7 +255,7 @@ pub async fn cancel(
                     CancelOutcome::Cancelled(order) | CancelOutcome::AlreadyCancelled(order) => {
                         CancelOrderResponse::Cancelled(Json(order.into()))
                     }
-                    CancelOutcome::NotFound => CancelOrderResponse::NotFound(Json(not_found(id))),
+                    CancelOutcome::NotFound => CancelOrderResponse::NotFound(not_found(id)),
                 };
                 render(response).await
             })
@@ -332,12 +316,12 @@ struct PathParams {
     id: Uuid,
 }
 
-fn not_found(id: Uuid) -> ProblemDetails {
+fn not_found(id: Uuid) -> ProblemBody {
     let mut details = Problem::new(Kind::NotFound)
         .with_detail(format!("order {id} does not exist"))
         .details();
     details.instance = Some(format!("/v1/orders/{id}"));
-    details
+    ProblemBody(details)
 }
 
 /// Opaque cursor: the `(created_at, id)` of the last order of a page.
@@ -360,10 +344,13 @@ fn decode_cursor(cursor: &str) -> Result<PageAfter, Problem> {
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or_else(bad)?;
     let (micros, id) = text.split_once('.').ok_or_else(bad)?;
+    // A position the database can compare with: years 1 to 9999 (a forged cursor
+    // outside PostgreSQL's range would otherwise fail there).
     let created_at = micros
         .parse::<i64>()
         .ok()
         .and_then(DateTime::from_timestamp_micros)
+        .filter(|at| (1..=9999).contains(&at.year()))
         .ok_or_else(bad)?;
     let id = Uuid::try_parse(id).map_err(|_| bad())?;
     Ok(PageAfter { created_at, id })
@@ -381,11 +368,15 @@ mod tests {
             decode_cursor(&encode_cursor(at, id)).unwrap(),
             PageAfter { created_at: at, id }
         );
+        let far = format!("{}.{}", i64::MAX / 2, Uuid::nil().simple());
+        let before_year_one = format!("{}.{}", -62_200_000_000_000_000i64, Uuid::nil().simple());
         for bad in [
             "",
             "!!!",
             "bm9wZQ",
             &URL_SAFE_NO_PAD.encode("12.not-a-uuid"),
+            &URL_SAFE_NO_PAD.encode(far),
+            &URL_SAFE_NO_PAD.encode(before_year_one),
         ] {
             assert_eq!(
                 decode_cursor(bad).unwrap_err().kind,

@@ -8,10 +8,15 @@
 //! log, where an operator can read it, and never to the client.
 
 use poem::{
-    Response,
+    IntoResponse, Response,
     http::{HeaderName, HeaderValue, StatusCode, header},
 };
-use poem_openapi::Object;
+use poem_openapi::{
+    Object,
+    payload::Payload,
+    registry::{MetaSchemaRef, Registry},
+    types::Type,
+};
 use serde::Serialize;
 
 use crate::{
@@ -22,9 +27,11 @@ use crate::{
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// The wire format of a problem (also the OpenAPI schema of every error response).
+/// The wire format of a problem (also the OpenAPI schema of every error response):
+/// `type`, `title` and `status` always, in that order; the others only when they say
+/// something (never `null`).
 #[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
-#[oai(rename = "Problem")]
+#[oai(rename = "Problem", skip_serializing_if_is_none)]
 pub struct ProblemDetails {
     /// A URI reference naming the kind of problem: `/problems/<slug>`.
     #[serde(rename = "type")]
@@ -40,17 +47,44 @@ pub struct ProblemDetails {
     /// The request path this occurrence concerns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
-    /// Field errors, for `validation-error`.
+    /// Every field (or parameter, or header) at fault, for `validation-error`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
 }
 
-/// One invalid input field.
+/// A problem as a response payload, rendered by the same serde code as every other
+/// problem body, so all of them share one shape and key order.
+pub struct ProblemBody(pub ProblemDetails);
+
+impl Payload for ProblemBody {
+    const CONTENT_TYPE: &'static str = PROBLEM_JSON;
+
+    fn schema_ref() -> MetaSchemaRef {
+        ProblemDetails::schema_ref()
+    }
+
+    fn register(registry: &mut Registry) {
+        ProblemDetails::register(registry);
+    }
+}
+
+impl IntoResponse for ProblemBody {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.0).expect("problem details always serialise");
+        Response::builder()
+            .status(StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::BAD_REQUEST))
+            .content_type(PROBLEM_JSON)
+            .body(body)
+    }
+}
+
+/// One invalid input.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
 pub struct FieldError {
-    /// The field (or parameter) name.
+    /// The body field, query or path parameter, or header at fault, by name (`body` for
+    /// the body as a whole).
     pub field: String,
-    /// What is wrong with it.
+    /// What is wrong with it, in plain words: missing, unknown, or the rule it breaks.
     pub message: String,
 }
 
@@ -219,11 +253,7 @@ impl Problem {
     pub fn to_response(&self, instance: Option<&str>) -> Response {
         let mut details = self.details();
         details.instance = instance.map(str::to_string);
-        let body = serde_json::to_vec(&details).expect("problem details always serialise");
-        let mut response = Response::builder()
-            .status(self.kind.status())
-            .content_type(PROBLEM_JSON)
-            .body(body);
+        let mut response = ProblemBody(details).into_response();
         for (name, value) in &self.headers {
             response.headers_mut().insert(name.clone(), value.clone());
         }

@@ -162,7 +162,7 @@ fn usable_keys(set: &JwkSet) -> Keys {
 
 /// The algorithm a key is used with: its `alg`, else what its type implies.
 fn algorithm_of(jwk: &Jwk) -> Option<Algorithm> {
-    let declared = jwk.common.key_algorithm.and_then(|alg| match alg {
+    let declared = jwk.common.key_algorithm.map(|alg| match alg {
         KeyAlgorithm::RS256 => Some(Algorithm::RS256),
         KeyAlgorithm::RS384 => Some(Algorithm::RS384),
         KeyAlgorithm::RS512 => Some(Algorithm::RS512),
@@ -199,7 +199,9 @@ fn algorithm_of(jwk: &Jwk) -> Option<Algorithm> {
         _ => '-',
     };
     match (declared, implied) {
-        (Some(declared), Some(implied)) if family(declared) == family(implied) => {
+        // An algorithm orderd does not accept (HS256 on a public key, RSA-OAEP, ...).
+        (Some(None), _) => None,
+        (Some(Some(declared)), Some(implied)) if family(declared) == family(implied) => {
             // For EC keys, the curve decides: ES384 on a P-256 key is refused.
             if family(implied) == 'e' && declared != implied {
                 None

@@ -21,17 +21,16 @@ pub struct Message {
     pub body: String,
 }
 
-/// Whether retrying can help.
+/// Whether retrying the same entry can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
-    /// Throttling, server errors, timeouts, network: back off and try again.
+    /// Throttling, server errors, timeouts, network: try again later.
     Transient,
-    /// The request itself is wrong (invalid parameter, not found, authorization, KMS
-    /// configuration): retrying cannot succeed, so the event goes DEAD at once.
+    /// The entry itself is wrong (too large, invalid): retrying it cannot succeed.
     Permanent,
 }
 
-/// A failed publish of one message.
+/// Why a publish failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishError {
     pub retry: Retry,
@@ -41,8 +40,23 @@ pub struct PublishError {
     pub detail: String,
 }
 
+/// What happened to one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// SNS acknowledged it.
+    Published,
+    /// SNS refused this entry: it costs the event an attempt, and a permanent refusal
+    /// (too large, invalid) makes it DEAD at once.
+    Rejected(PublishError),
+    /// The call carrying it failed as a whole (network, timeout, throttling, unknown
+    /// topic, authorization, credentials, KMS): nothing is wrong with the event, so it
+    /// costs no attempt; the relay backs off as a whole and the event flows once the
+    /// cause is fixed. A misconfiguration never turns the backlog DEAD.
+    NotSent(PublishError),
+}
+
 /// The outcome for each message, in the order given.
-pub type Outcomes = Vec<Result<(), PublishError>>;
+pub type Outcomes = Vec<Outcome>;
 
 pub trait Publisher: Send + Sync {
     /// Publishes `messages`; the answer has exactly one outcome per message. Must not
@@ -53,8 +67,9 @@ pub trait Publisher: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>>;
 }
 
-/// Classifies an AWS error code (SNS or KMS). Unknown codes count as transient when
-/// the server took the blame and permanent when the sender did.
+/// Classifies an AWS error code (SNS or KMS) of a refused entry. Unknown codes count as
+/// transient when the server took the blame and permanent when the sender did. (For a
+/// call that failed as a whole the class only names the reason: see [`Outcome::NotSent`].)
 pub fn classify(code: &str, sender_fault: bool) -> (Retry, FailureReason) {
     use FailureReason as R;
     match code {

@@ -7,15 +7,22 @@
 //! batch but before marking it lets the lease run out, and the batch is published again
 //! with the same `event_id`s.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
 
 use sqlx::{PgPool, postgres::PgListener};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::{
     backoff::Backoff,
-    publisher::{Message, Publisher, Retry},
+    publisher::{Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
 use crate::{config::OutboxConfig, metrics};
@@ -24,12 +31,19 @@ use crate::{config::OutboxConfig, metrics};
 pub const CHANNEL: &str = "outbox_event";
 
 /// What one round did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Round {
     pub claimed: usize,
     pub published: usize,
+    /// Entries SNS refused (each cost its event an attempt).
     pub failed: usize,
     pub dead: usize,
+    /// Events whose call failed as a whole: no attempt charged, put back in line.
+    pub not_sent: usize,
+    /// Why the call failed, when one did.
+    pub call_failure: Option<PublishError>,
+    /// How long the relay pauses before its next round, when calls failed as a whole.
+    pub pause: Option<Duration>,
 }
 
 pub struct Relay {
@@ -42,6 +56,8 @@ pub struct Relay {
     wake: Arc<Notify>,
     /// Whether to LISTEN at all (off: poll only; the benchmark compares both).
     listen: bool,
+    /// Consecutive rounds whose calls all failed as a whole: the relay's own backoff.
+    failed_rounds: AtomicU32,
 }
 
 impl Relay {
@@ -57,6 +73,7 @@ impl Relay {
             backoff,
             wake: Arc::new(Notify::new()),
             listen: true,
+            failed_rounds: AtomicU32::new(0),
         }
     }
 
@@ -77,6 +94,9 @@ impl Relay {
     /// Runs until `shutdown` is cancelled, then returns after finishing the round in
     /// progress (a round's rows are either marked or, if the process dies, re-published
     /// once their lease runs out).
+    ///
+    /// When calls to SNS fail as a whole, the relay backs off as a whole, exponentially
+    /// per consecutive failed round, and the events wait without being charged.
     pub async fn run(self, shutdown: CancellationToken) {
         let listener = self.listen.then(|| {
             tokio::spawn(listen(
@@ -94,18 +114,41 @@ impl Relay {
             if shutdown.is_cancelled() {
                 break;
             }
-            match self.round().await {
+            let pause = match self.round().await {
+                Ok(Round {
+                    pause: Some(pause),
+                    call_failure: Some(failure),
+                    not_sent,
+                    ..
+                }) => {
+                    tracing::warn!(
+                        reason = failure.reason.as_str(),
+                        error = %failure.detail,
+                        events = not_sent,
+                        pause_ms = pause.as_millis() as u64,
+                        "SNS calls fail as a whole; backing off without charging any event"
+                    );
+                    Some(pause)
+                }
                 // A full batch means more may be due right now.
                 Ok(round) if round.claimed as u32 >= self.config.batch_size => continue,
-                Ok(_) => {}
+                Ok(_) => None,
                 Err(e) => {
-                    tracing::warn!(error = %e, "outbox round failed; retrying after the poll interval")
+                    tracing::warn!(error = %e, "outbox round failed; retrying after the poll interval");
+                    None
                 }
-            }
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.config.poll) => {}
-                _ = shutdown.cancelled() => {}
+            };
+            match pause {
+                // Backing off: commits do not wake the relay, only time or shutdown.
+                Some(pause) => tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.cancelled() => {}
+                },
+                None => tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(self.config.poll) => {}
+                    _ = shutdown.cancelled() => {}
+                },
             }
         }
         if let Some(listener) = listener {
@@ -115,10 +158,13 @@ impl Relay {
         tracing::info!("outbox relay stopped");
     }
 
-    /// Claims one batch, publishes it and records every outcome.
+    /// Claims one batch, publishes it and records every outcome, fenced on this
+    /// round's claim: a row another relay claimed since (after this one's lease ran
+    /// out) is left to that relay.
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = self.claim_lease().as_millis() as i64;
-        let batch = store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms).await?;
+        let claim = Uuid::new_v4();
+        let batch = store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms, claim).await?;
         if batch.is_empty() {
             return Ok(Round::default());
         }
@@ -131,45 +177,70 @@ impl Relay {
             "outbox round published"
         );
 
+        let mut round = Round {
+            claimed: batch.len(),
+            ..Round::default()
+        };
         let mut published = Vec::new();
         let mut failures = Vec::new();
+        let mut not_sent = Vec::new();
         for (event, outcome) in batch.iter().zip(outcomes) {
             match outcome {
-                Ok(()) => {
+                Outcome::Published => {
                     metrics::published(event.event_type, event.age_secs);
                     published.push((event.tenant_id, event.event_id));
                 }
-                Err(error) => {
+                Outcome::Rejected(error) => {
                     metrics::publish_failure(error.reason);
-                    let attempts = event.attempts + 1;
-                    let dead = error.retry == Retry::Permanent
-                        || attempts as u32 >= self.config.max_attempts;
-                    if dead {
-                        tracing::error!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "outbox event is DEAD");
-                    } else {
-                        tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "publish failed; will retry");
-                    }
-                    failures.push(Failure {
-                        tenant_id: event.tenant_id,
-                        event_id: event.event_id,
-                        attempts,
-                        dead,
-                        retry_in_ms: self.backoff.next(attempts as u32).as_millis() as i64,
-                        error: format!("{}: {}", error.reason, error.detail),
-                    });
+                    failures.push(self.failure(event, &error));
+                }
+                Outcome::NotSent(error) => {
+                    metrics::publish_failure(error.reason);
+                    not_sent.push((event.tenant_id, event.event_id));
+                    round.call_failure = Some(error);
                 }
             }
         }
         // Mark published rows first: the sooner they are marked, the sooner the next
         // event of each order may go.
-        store::mark_published(&self.pool, &published).await?;
-        store::mark_failed(&self.pool, &failures).await?;
-        Ok(Round {
-            claimed: batch.len(),
-            published: published.len(),
-            failed: failures.len(),
-            dead: failures.iter().filter(|f| f.dead).count(),
-        })
+        store::mark_published(&self.pool, &published, claim).await?;
+        store::mark_failed(&self.pool, &failures, claim).await?;
+        if not_sent.is_empty() || !published.is_empty() {
+            // SNS answers: whatever failed before is over.
+            self.failed_rounds.store(0, Ordering::Relaxed);
+        }
+        if !not_sent.is_empty() {
+            // Back in line after the relay's pause, attempts untouched.
+            let failed_rounds = self.failed_rounds.fetch_add(1, Ordering::Relaxed) + 1;
+            let pause = self.backoff.next(failed_rounds);
+            store::put_back(&self.pool, &not_sent, claim, pause.as_millis() as i64).await?;
+            round.pause = published.is_empty().then_some(pause);
+        }
+        round.published = published.len();
+        round.failed = failures.len();
+        round.dead = failures.iter().filter(|f| f.dead).count();
+        round.not_sent = not_sent.len();
+        Ok(round)
+    }
+
+    /// How a refused entry is recorded: one more attempt, DEAD when permanent or at
+    /// the limit, else due again after the backoff.
+    fn failure(&self, event: &PendingEvent, error: &PublishError) -> Failure {
+        let attempts = event.attempts + 1;
+        let dead = error.retry == Retry::Permanent || attempts as u32 >= self.config.max_attempts;
+        if dead {
+            tracing::error!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "outbox event is DEAD");
+        } else {
+            tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "SNS refused an event; will retry");
+        }
+        Failure {
+            tenant_id: event.tenant_id,
+            event_id: event.event_id,
+            attempts,
+            dead,
+            retry_in_ms: self.backoff.next(attempts as u32).as_millis() as i64,
+            error: format!("{}: {}", error.reason, error.detail),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use aws_sdk_sns::{
     types::{MessageAttributeValue, PublishBatchRequestEntry},
 };
 
-use super::publisher::{Message, Outcomes, PublishError, Publisher, Retry, classify};
+use super::publisher::{Message, Outcome, Outcomes, PublishError, Publisher, Retry, classify};
 use crate::metrics::FailureReason;
 
 /// SNS accepts at most 10 entries per `PublishBatch` ...
@@ -84,7 +84,40 @@ impl SnsPublisher {
     }
 
     /// Sends one batch; the answer has one outcome per message of `chunk`.
+    ///
+    /// A call refused as a whole because of what it carries (a request SNS calls
+    /// invalid, such as one too large) is an entry-level refusal in disguise: a single
+    /// entry is rejected on its own, and a batch is sent again one entry per call so that
+    /// only the culprit pays. Any other failure of the call is not the events' fault.
     async fn send(&self, chunk: &[Message]) -> Outcomes {
+        match self.call(chunk).await {
+            Ok(outcomes) => outcomes,
+            Err(failure) if failure.reason == FailureReason::InvalidParameter && chunk.len() > 1 => {
+                let mut outcomes = Vec::with_capacity(chunk.len());
+                for message in chunk {
+                    outcomes.push(self.send_alone(message).await);
+                }
+                outcomes
+            }
+            Err(failure) if failure.reason == FailureReason::InvalidParameter => {
+                vec![Outcome::Rejected(failure)]
+            }
+            Err(failure) => vec![Outcome::NotSent(failure); chunk.len()],
+        }
+    }
+
+    async fn send_alone(&self, message: &Message) -> Outcome {
+        match self.call(std::slice::from_ref(message)).await {
+            Ok(mut outcomes) => outcomes.pop().unwrap_or(Outcome::Published),
+            Err(failure) if failure.reason == FailureReason::InvalidParameter => {
+                Outcome::Rejected(failure)
+            }
+            Err(failure) => Outcome::NotSent(failure),
+        }
+    }
+
+    /// One `PublishBatch` call: the per-entry outcomes, or why the call failed as a whole.
+    async fn call(&self, chunk: &[Message]) -> Result<Outcomes, PublishError> {
         let entries: Vec<_> = chunk
             .iter()
             .enumerate()
@@ -97,18 +130,18 @@ impl SnsPublisher {
             .set_publish_batch_request_entries(Some(entries))
             .send();
         let output = match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => return vec![Err(timeout_error(self.timeout)); chunk.len()],
-            Ok(Err(e)) => return vec![Err(sdk_error(&e)); chunk.len()],
+            Err(_) => return Err(timeout_error(self.timeout)),
+            Ok(Err(e)) => return Err(sdk_error(&e)),
             Ok(Ok(output)) => output,
         };
-        let mut outcomes: Vec<Option<Result<(), PublishError>>> = vec![None; chunk.len()];
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; chunk.len()];
         for ok in output.successful() {
             if let Some(slot) = ok
                 .id()
                 .and_then(|id| id.parse::<usize>().ok())
                 .and_then(|i| outcomes.get_mut(i))
             {
-                *slot = Some(Ok(()));
+                *slot = Some(Outcome::Published);
             }
         }
         for failed in output.failed() {
@@ -119,7 +152,7 @@ impl SnsPublisher {
                 .and_then(|i| outcomes.get_mut(i))
             {
                 let (retry, reason) = classify(failed.code(), failed.sender_fault());
-                *slot = Some(Err(PublishError {
+                *slot = Some(Outcome::Rejected(PublishError {
                     retry,
                     reason,
                     detail: format!(
@@ -131,18 +164,18 @@ impl SnsPublisher {
             }
         }
         // An entry SNS said nothing about was not acknowledged: try it again later.
-        outcomes
+        Ok(outcomes
             .into_iter()
             .map(|o| {
                 o.unwrap_or_else(|| {
-                    Err(PublishError {
+                    Outcome::Rejected(PublishError {
                         retry: Retry::Transient,
                         reason: FailureReason::OtherServer,
                         detail: "no result for this entry in the PublishBatch response".into(),
                     })
                 })
             })
-            .collect()
+            .collect())
     }
 }
 

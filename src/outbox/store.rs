@@ -38,7 +38,8 @@ struct PendingRow {
 }
 
 /// Up to `$1` due events that are the oldest unpublished event of their order, leased
-/// for `$2` milliseconds.
+/// for `$2` milliseconds to the relay round `$3` (its claim, which fences what it
+/// records afterwards).
 ///
 /// Per-order ordering lives in the `NOT EXISTS`: an event waits while any earlier
 /// event of its order is not yet PUBLISHED (pending, in flight at another relay, or
@@ -57,7 +58,7 @@ pub const CLAIM_DUE: &str = "WITH due AS (
          LIMIT $1
          FOR UPDATE OF e SKIP LOCKED)
      UPDATE outbox_event o
-     SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
+     SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond', claimed_by = $3
      FROM due
      WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
@@ -66,7 +67,8 @@ pub const CLAIM_DUE: &str = "WITH due AS (
 pub const MARK_PUBLISHED: &str = "UPDATE outbox_event o
      SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
      FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
-     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'";
+     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'
+       AND o.claimed_by = $3";
 
 pub const MARK_FAILED: &str = "UPDATE outbox_event o
      SET attempts = f.attempts,
@@ -75,7 +77,16 @@ pub const MARK_FAILED: &str = "UPDATE outbox_event o
          last_error = f.error
      FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
           AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
-     WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'";
+     WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'
+       AND o.claimed_by = $7";
+
+/// Events whose call failed as a whole go back in line after `$4` ms, attempts
+/// untouched.
+pub const PUT_BACK: &str = "UPDATE outbox_event o
+     SET next_attempt_at = clock_timestamp() + $4 * interval '1 millisecond'
+     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
+     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'
+       AND o.claimed_by = $3";
 
 /// Pending count, oldest pending age, dead count: from the partial indexes only, so it
 /// stays cheap however many published rows the table holds.
@@ -106,10 +117,12 @@ pub async fn claim_due(
     pool: &PgPool,
     batch: i64,
     lease_ms: i64,
+    claim: Uuid,
 ) -> sqlx::Result<Vec<PendingEvent>> {
     let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_DUE)
         .bind(batch)
         .bind(lease_ms)
+        .bind(claim)
         .fetch_all(pool)
         .await?;
     rows.into_iter()
@@ -136,8 +149,12 @@ pub async fn claim_due(
         .collect()
 }
 
-/// Marks events acknowledged by SNS.
-pub async fn mark_published(db: impl PgExecutor<'_>, events: &[(Uuid, Uuid)]) -> sqlx::Result<u64> {
+/// Marks events acknowledged by SNS, where `claim` still holds them.
+pub async fn mark_published(
+    db: impl PgExecutor<'_>,
+    events: &[(Uuid, Uuid)],
+    claim: Uuid,
+) -> sqlx::Result<u64> {
     if events.is_empty() {
         return Ok(0);
     }
@@ -145,6 +162,26 @@ pub async fn mark_published(db: impl PgExecutor<'_>, events: &[(Uuid, Uuid)]) ->
     let done = sqlx::query(MARK_PUBLISHED)
         .bind(tenants)
         .bind(ids)
+        .bind(claim)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Puts events whose call failed back in line after `retry_ms`, where `claim` still
+/// holds them.
+pub async fn put_back(
+    db: impl PgExecutor<'_>,
+    events: &[(Uuid, Uuid)],
+    claim: Uuid,
+    retry_ms: i64,
+) -> sqlx::Result<u64> {
+    let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
+    let done = sqlx::query(PUT_BACK)
+        .bind(tenants)
+        .bind(ids)
+        .bind(claim)
+        .bind(retry_ms)
         .execute(db)
         .await?;
     Ok(done.rows_affected())
@@ -164,8 +201,13 @@ pub struct Failure {
     pub error: String,
 }
 
-/// Records failed publishes: attempts, last error, next attempt time or DEAD.
-pub async fn mark_failed(db: impl PgExecutor<'_>, failures: &[Failure]) -> sqlx::Result<u64> {
+/// Records refused publishes: attempts, last error, next attempt time or DEAD, where
+/// `claim` still holds them.
+pub async fn mark_failed(
+    db: impl PgExecutor<'_>,
+    failures: &[Failure],
+    claim: Uuid,
+) -> sqlx::Result<u64> {
     if failures.is_empty() {
         return Ok(0);
     }
@@ -185,6 +227,7 @@ pub async fn mark_failed(db: impl PgExecutor<'_>, failures: &[Failure]) -> sqlx:
         .bind(dead)
         .bind(retry)
         .bind(errors)
+        .bind(claim)
         .execute(db)
         .await?;
     Ok(done.rows_affected())

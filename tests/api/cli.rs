@@ -8,8 +8,8 @@ use crate::support::{SECRET, ServeProcess, TestDb, order_body};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 
-#[test]
-fn token_prints_a_token_alone_that_the_service_accepts() {
+#[tokio::test]
+async fn token_prints_a_token_alone_that_the_service_accepts() {
     let tenant = Uuid::new_v4();
     let out = Command::new(BIN)
         .args([
@@ -37,7 +37,7 @@ fn token_prints_a_token_alone_that_the_service_accepts() {
         ..Default::default()
     })
     .unwrap();
-    let principal = verifier.verify(stdout.trim()).unwrap();
+    let principal = verifier.verify(stdout.trim()).await.unwrap();
     assert_eq!(principal.tenant.0, tenant);
     assert!(principal.require("orders:read").is_ok() && principal.require("orders:write").is_err());
 }

@@ -150,7 +150,10 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
         "{stats}"
     );
 
-    let claim = plan(&db, outbox::CLAIM_DUE, |q| q.bind(100i64).bind(16_000i64)).await;
+    let claim = plan(&db, outbox::CLAIM_DUE, |q| {
+        q.bind(100i64).bind(16_000i64).bind(Uuid::new_v4())
+    })
+    .await;
     assert!(!claim.contains("Seq Scan"), "{claim}");
     assert!(claim.contains("outbox_event_pending"), "{claim}");
     assert!(

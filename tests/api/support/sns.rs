@@ -77,6 +77,21 @@ pub struct Topic {
     http: reqwest::Client,
 }
 
+/// A topic name no other test uses.
+pub fn unique_name(fifo: bool) -> String {
+    format!(
+        "orders-{}{}",
+        Uuid::new_v4().simple(),
+        if fifo { ".fifo" } else { "" }
+    )
+}
+
+/// The ARN moto gives a topic named `name` (account 123456789012, us-east-1), known
+/// before the topic exists.
+pub fn arn_of(name: &str) -> String {
+    format!("arn:aws:sns:us-east-1:123456789012:{name}")
+}
+
 impl Topic {
     /// A new topic and queue with unique names; `fifo` makes both FIFO.
     pub async fn create(fifo: bool) -> Self {
@@ -85,14 +100,14 @@ impl Topic {
 
     /// The same on a given moto server.
     pub async fn create_on(endpoint: &str, fifo: bool) -> Self {
+        Self::create_named(endpoint, &unique_name(fifo), fifo).await
+    }
+
+    /// A topic named `name` (and its queue) on the moto server at `endpoint`.
+    pub async fn create_named(endpoint: &str, name: &str, fifo: bool) -> Self {
         let http = reqwest::Client::new();
-        let name = format!(
-            "orders-{}{}",
-            Uuid::new_v4().simple(),
-            if fifo { ".fifo" } else { "" }
-        );
         let sns = sns_client(endpoint).await;
-        let mut topic = sns.create_topic().name(&name);
+        let mut topic = sns.create_topic().name(name);
         if fifo {
             topic = topic.attributes("FifoTopic", "true");
         }
