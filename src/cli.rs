@@ -119,8 +119,7 @@ fn configured() -> anyhow::Result<Config> {
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {
-    let pool = db::pool_of_size(&config, 2).await?;
-    db::MIGRATOR.run(&pool).await.context("migrations failed")?;
+    db::migrate(&config).await?;
     tracing::info!("migrations applied");
     Ok(())
 }

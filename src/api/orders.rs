@@ -325,11 +325,11 @@ fn not_found(id: Uuid) -> ProblemBody {
 }
 
 /// Opaque cursor: the `(created_at, id)` of the last order of a page.
-fn encode_cursor(created_at: DateTime<Utc>, id: Uuid) -> String {
+pub fn encode_cursor(created_at: DateTime<Utc>, id: Uuid) -> String {
     URL_SAFE_NO_PAD.encode(format!("{}.{}", created_at.timestamp_micros(), id.simple()))
 }
 
-fn decode_cursor(cursor: &str) -> Result<PageAfter, Problem> {
+pub fn decode_cursor(cursor: &str) -> Result<PageAfter, Problem> {
     let bad = || {
         Problem::new(Kind::ValidationError)
             .with_detail("`after` is not a cursor returned by this API")

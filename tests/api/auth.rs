@@ -286,3 +286,32 @@ async fn one_tenant_never_sees_replays_or_cancels_another_tenants_orders() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_not_yet_valid_is_refused_beyond_the_leeway() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let mut early = claims(tenant);
+    early["nbf"] = json!(now() + 300);
+    assert_refused(&list_as(&app, &hs256(&early, SECRET.as_bytes())).await);
+    let mut skewed = claims(tenant);
+    skewed["nbf"] = json!(now() + 10);
+    assert_eq!(list_as(&app, &hs256(&skewed, SECRET.as_bytes())).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audience_may_be_a_string_or_an_array() {
+    let app = spawn_app_with(&[("ORDERD_JWT_AUDIENCE", "orderd")]).await;
+    let tenant = Uuid::new_v4();
+    for (aud, accepted) in [
+        (json!("orderd"), true),
+        (json!(["billing", "orderd"]), true),
+        (json!(["billing"]), false),
+        (json!("billing"), false),
+    ] {
+        let mut c = claims(tenant);
+        c["aud"] = aud.clone();
+        let reply = list_as(&app, &hs256(&c, SECRET.as_bytes())).await;
+        assert_eq!(reply.status == 200, accepted, "{aud}: {}", reply.status);
+    }
+}

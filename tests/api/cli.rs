@@ -82,6 +82,42 @@ fn a_missing_or_malformed_setting_stops_serve_with_one_line_naming_it() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
+#[test]
+fn out_of_range_numbers_short_secrets_and_two_verifiers_stop_serve_naming_the_variable() {
+    for (name, value, extra) in [
+        ("ORDERD_IDEMPOTENCY_TTL_SECS", "18446744073709551615", None),
+        ("ORDERD_LEASE_SECS", "18446744073709551615", None),
+        ("ORDERD_INFLIGHT_WAIT_MS", "18446744073709551615", None),
+        ("ORDERD_OUTBOX_BACKOFF_MAX_MS", "18446744073709551615", None),
+        ("ORDERD_DB_POOL_SIZE", "4294967295", None),
+        ("ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", "1e13", None),
+        ("ORDERD_JWT_HS256_SECRET", "too-short-secret", None),
+        (
+            "ORDERD_JWT_JWKS_URL",
+            "http://127.0.0.1:1/jwks.json",
+            Some(("ORDERD_JWT_HS256_SECRET", SECRET)),
+        ),
+    ] {
+        let mut command = Command::new(BIN);
+        command
+            .arg("serve")
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .env("ORDERD_JWT_HS256_SECRET", SECRET)
+            .env(name, value);
+        if let Some((other, v)) = extra {
+            command.env(other, v);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{name}={value} was accepted");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(name) || stderr.contains("exactly one"),
+            "{name}: {stderr}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
     let db = TestDb::new().await;

@@ -60,6 +60,10 @@ pub async fn post_order(
 /// A running orderd bound to its own database.
 pub struct TestApp {
     pub base: String,
+    /// The API's socket address, for tests that speak raw TCP.
+    pub address: std::net::SocketAddr,
+    /// Where `/metrics` is served apart from the API (`ORDERD_METRICS_BIND`), if set.
+    pub metrics_base: Option<String>,
     pub db: TestDb,
     pub client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
@@ -119,19 +123,20 @@ async fn start(
         orderd::telemetry::init(false);
     }
     let config = settings(&db, overrides);
-    let pool = orderd::db::connect(db.url.as_str(), config.db_pool_size)
-        .await
-        .expect("app pool");
+    let pool = orderd::db::pool(&config).await.expect("app pool");
     let app = Application::build_with_publisher(config, pool, publisher)
         .await
         .expect("app builds");
     let address = app.address();
+    let metrics_base = app.metrics_address().map(|a| format!("http://{a}"));
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stopped.await;
     }));
     TestApp {
         base: format!("http://{address}"),
+        address,
+        metrics_base,
         db,
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(64)

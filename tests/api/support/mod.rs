@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod db;
+pub mod jwks_server;
 pub mod process;
 pub mod proxy;
 pub mod sns;

@@ -1,0 +1,257 @@
+//! The HTTP layer against hostile clients, over raw TCP: read and idle timeouts, the
+//! caps on connections and requests in flight, and problem+json for everything the
+//! protocol layer refuses (docs/contract.md §1, §5).
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+use uuid::Uuid;
+
+use crate::support::{KillOnDrop, SECRET, TestApp, TestDb, spawn_app_with};
+
+/// Short timeouts so the tests see them act.
+const FAST: &[(&str, &str)] = &[
+    ("ORDERD_HTTP_READ_TIMEOUT_MS", "600"),
+    ("ORDERD_HTTP_IDLE_TIMEOUT_MS", "1500"),
+];
+
+/// Everything the server sends until it closes the connection (or 30 s pass, which
+/// would mean it never closed it).
+async fn read_until_closed(stream: &mut TcpStream) -> Option<String> {
+    let mut all = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut all)).await;
+    match read {
+        Ok(_) => Some(String::from_utf8_lossy(&all).to_string()),
+        Err(_) => None,
+    }
+}
+
+/// The status and the problem body of one raw response.
+fn problem(raw: &str) -> (u16, Value) {
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
+    let status = head[9..12].parse().unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{head}"
+    );
+    (status, serde_json::from_str(body).expect("a JSON body"))
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.address).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_answered_408_and_closed() {
+    let app = spawn_app_with(FAST).await;
+    let mut silent = connect(&app).await;
+    let raw = read_until_closed(&mut silent).await.expect("the server closed it");
+    let (status, body) = problem(&raw);
+    assert_eq!(status, 408);
+    assert_eq!(body["type"], "/problems/request-timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_trickling_in_is_cut_off_at_the_read_timeout() {
+    let app = spawn_app_with(FAST).await;
+    let mut slow = connect(&app).await;
+    let head = b"GET /healthz HTTP/1.1\r\nHost: orderd\r\nX-Slow: ";
+    let writer = async {
+        for byte in head.iter().chain(b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter()) {
+            if slow.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
+    let raw = read_until_closed(&mut slow).await.expect("the server closed it");
+    assert_eq!(problem(&raw).0, 408, "{raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_trickling_in_is_answered_408_and_the_connection_closed() {
+    let app = spawn_app_with(FAST).await;
+    let token = app.token(Uuid::new_v4());
+    let mut slow = connect(&app).await;
+    let head = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: orderd\r\nAuthorization: Bearer {token}\r\n\
+         Idempotency-Key: slow-body-key-0000001\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"sku\":"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let raw = read_until_closed(&mut slow).await.expect("the server closed it");
+    let (status, body) = problem(&raw);
+    assert_eq!(status, 408, "{raw}");
+    assert_eq!(body["type"], "/problems/request-timeout");
+    assert!(raw.to_ascii_lowercase().contains("connection: close"));
+    assert_eq!(app.count("idempotency_record").await, 0, "nothing was claimed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_serves_again_and_is_closed_once_idle_too_long() {
+    let app = spawn_app_with(FAST).await;
+    let mut conn = connect(&app).await;
+    let request = b"GET /healthz HTTP/1.1\r\nHost: orderd\r\n\r\n";
+    for _ in 0..2 {
+        conn.write_all(request).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        // Idle for longer than the read timeout but less than the idle timeout.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+    }
+    let rest = read_until_closed(&mut conn).await.expect("closed after the idle timeout");
+    assert!(rest.is_empty(), "an idle connection is closed without an answer: {rest}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_protocol_layer_refuses_is_problem_json() {
+    let app = spawn_app_with(&[]).await;
+    let long_target = format!("/v1/orders?after={}", "a".repeat(9000));
+    let many_headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let huge_header = format!("X-Big: {}\r\n", "b".repeat(40 * 1024));
+    let cases = [
+        (format!("GET {long_target} HTTP/1.1\r\nHost: o\r\n\r\n"), 414, "uri-too-long"),
+        (format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{many_headers}\r\n"), 431, "headers-too-large"),
+        (format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{huge_header}\r\n"), 431, "headers-too-large"),
+        ("BLAH\r\n\r\n".to_string(), 400, "validation-error"),
+    ];
+    for (request, status, slug) in cases {
+        let mut conn = connect(&app).await;
+        let _ = conn.write_all(request.as_bytes()).await;
+        let raw = read_until_closed(&mut conn).await.expect("an answer, then close");
+        let (got, body) = problem(&raw);
+        assert_eq!((got, body["type"].as_str().unwrap()), (status, format!("/problems/{slug}").as_str()), "{raw}");
+    }
+    // HTTP/2 with prior knowledge is not served: the connection is closed (an HTTP/2
+    // client could not read an HTTP/1.1 answer anyway).
+    let mut h2c = connect(&app).await;
+    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    assert_eq!(read_until_closed(&mut h2c).await.as_deref(), Some(""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_in_flight_cap_requests_are_shed_with_503_before_authentication() {
+    let app = spawn_app_with(&[("ORDERD_HTTP_MAX_IN_FLIGHT", "2")]).await;
+    let token = app.token(Uuid::new_v4());
+    // Two requests whose bodies are still arriving hold the two places.
+    let mut holders = Vec::new();
+    for i in 0..2 {
+        let mut conn = connect(&app).await;
+        let head = format!(
+            "POST /v1/orders HTTP/1.1\r\nHost: o\r\nAuthorization: Bearer {token}\r\n\
+             Idempotency-Key: holder-key-00000000{i}\r\nContent-Type: application/json\r\n\
+             Content-Length: 50\r\n\r\n{{"
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        holders.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No token at all: a 503, not a 401, so no authentication work was done.
+    let shed = app
+        .client
+        .get(format!("{}/v1/orders", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), 503);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: Value = shed.json().await.unwrap();
+    assert_eq!(body["type"], "/problems/service-unavailable");
+    // Probes still answer.
+    let health = app.client.get(format!("{}/healthz", app.base)).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    drop(holders);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_off_the_api_port_when_a_metrics_address_is_set() {
+    let app = spawn_app_with(&[("ORDERD_METRICS_BIND", "127.0.0.1:0")]).await;
+    let on_api = app.client.get(format!("{}/metrics", app.base)).send().await.unwrap();
+    assert_eq!(on_api.status(), 404);
+    let metrics_base = app.metrics_base.clone().expect("a metrics listener");
+    let text = reqwest::get(format!("{metrics_base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("idempotency_requests_total"), "{text}");
+}
+
+/// CPU time (user + system) of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
+    let db = TestDb::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"));
+    command
+        .arg("serve")
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_BIND", format!("127.0.0.1:{port}"))
+        .env("ORDERD_JWT_HS256_SECRET", SECRET)
+        .env("ORDERD_RELAY", "off")
+        .env("ORDERD_DB_POOL_SIZE", "2")
+        .env("ORDERD_HTTP_READ_TIMEOUT_MS", "500")
+        .stderr(std::process::Stdio::null());
+    // SAFETY: only async-signal-safe setrlimit between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let limit = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            Ok(())
+        });
+    }
+    let child = KillOnDrop(command.spawn().unwrap());
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Far more silent connections than descriptors.
+    let mut silent = Vec::new();
+    for _ in 0..150 {
+        if let Ok(conn) = TcpStream::connect(("127.0.0.1", port)).await {
+            silent.push(conn);
+        }
+    }
+    let pid = child.0.id();
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let used = cpu_ticks(pid) - before;
+    // A busy accept loop would burn about 300 ticks (one core for 3 s).
+    assert!(used < 100, "{used} ticks of CPU in 3 s while out of descriptors");
+    drop(silent);
+    let mut healthy = false;
+    for _ in 0..100 {
+        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await
+            && r.status() == 200
+        {
+            healthy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(healthy, "the server serves again once the crowd is gone");
+}

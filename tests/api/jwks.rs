@@ -1,0 +1,134 @@
+//! Tokens verified against a JSON Web Key Set served by the test over loopback: RSA
+//! (RS256, PS256), EC P-256 and P-384, Ed25519, picked by `kid`; a rotation picked up
+//! without a restart; unknown `kid`s that cannot hammer the provider; a provider down at
+//! start; the last good set kept when a fetch fails (docs/contract.md §2).
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{TestApp, TestDb, jwks_server::JwksServer, spawn_app_on};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{FIXTURES}/{name}")).unwrap()
+}
+
+/// A token for `tenant` signed with the fixture key `key` under `kid`.
+fn token(alg: Algorithm, kid: &str, key: &str, tenant: Uuid) -> String {
+    let pem = fixture(&format!("{key}.pem"));
+    let key = match alg {
+        Algorithm::RS256 | Algorithm::PS256 => EncodingKey::from_rsa_pem(pem.as_bytes()),
+        Algorithm::ES256 | Algorithm::ES384 => EncodingKey::from_ec_pem(pem.as_bytes()),
+        _ => EncodingKey::from_ed_pem(pem.as_bytes()),
+    }
+    .unwrap();
+    let mut header = Header::new(alg);
+    header.kid = Some(kid.to_string());
+    let exp = chrono::Utc::now().timestamp() + 600;
+    let claims = json!({"tenant_id": tenant, "sub": "jwks-test", "exp": exp, "scope": "orders:read orders:write"});
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+async fn status(app: &TestApp, token: &str) -> u16 {
+    app.get(token, "/v1/orders").await.status
+}
+
+async fn app_with(url: &str) -> TestApp {
+    spawn_app_on(
+        TestDb::new().await,
+        &[("ORDERD_JWT_HS256_SECRET", ""), ("ORDERD_JWT_JWKS_URL", url)],
+    )
+    .await
+}
+
+async fn until_ready(app: &TestApp) {
+    for _ in 0..200 {
+        if app.client.get(format!("{}/readyz", app.base)).send().await.unwrap().status() == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_type_of_the_set_verifies_its_own_tokens_and_nothing_else() {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let app = app_with(&provider.url).await;
+    until_ready(&app).await;
+    let tenant = Uuid::new_v4();
+    for (alg, kid, key) in [
+        (Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_a"),
+        (Algorithm::PS256, "jwks_rsa_a_ps256", "jwks_rsa_a"),
+        (Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256"),
+        (Algorithm::ES384, "jwks_ec_p384", "jwks_ec_p384"),
+        (Algorithm::EdDSA, "jwks_ed25519", "jwks_ed25519"),
+    ] {
+        assert_eq!(status(&app, &token(alg, kid, key, tenant)).await, 200, "{kid}");
+    }
+    // The key's algorithm, not the token's, decides: PS256 under an RS256 kid is refused.
+    let confused = token(Algorithm::PS256, "jwks_rsa_a", "jwks_rsa_a", tenant);
+    app.get(&confused, "/v1/orders").await.assert_problem(401, "unauthorized");
+    // A token signed by another key under a known kid is refused.
+    let forged = token(Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_b", tenant);
+    assert_eq!(status(&app, &forged).await, 401);
+    // The HS256 test secret means nothing here.
+    assert_eq!(status(&app, &app.token(tenant)).await, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_hammer_the_provider() {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let app = app_with(&provider.url).await;
+    until_ready(&app).await;
+    let tenant = Uuid::new_v4();
+    let rotated = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
+    let fetched_at_start = provider.fetches();
+    // An unknown kid causes one fetch; a burst of garbage kids causes none more.
+    assert_eq!(status(&app, &rotated).await, 401);
+    for i in 0..20 {
+        let garbage = token(Algorithm::RS256, &format!("nope-{i}"), "jwks_rsa_a", tenant);
+        assert_eq!(status(&app, &garbage).await, 401);
+    }
+    assert_eq!(provider.fetches(), fetched_at_start + 1);
+
+    // The provider rotates; once the 30 s throttle has passed, the new kid is fetched.
+    provider.set(200, &fixture("jwks_after_rotation.json"));
+    assert_eq!(status(&app, &rotated).await, 401, "still throttled");
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(status(&app, &rotated).await, 200);
+    assert_eq!(provider.fetches(), fetched_at_start + 2);
+    // The old key still works.
+    let old = token(Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_a", tenant);
+    assert_eq!(status(&app, &old).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
+    // A port with nobody listening yet.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    drop(listener);
+    let url = format!("http://{address}/.well-known/jwks.json");
+    let app = app_with(&url).await;
+    let tenant = Uuid::new_v4();
+    let good = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
+    let ready = app.client.get(format!("{}/readyz", app.base)).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert_eq!(status(&app, &good).await, 401);
+
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+    let provider = JwksServer::serve(listener, &fixture("jwks_before_rotation.json"));
+    until_ready(&app).await;
+    assert_eq!(status(&app, &good).await, 200);
+
+    // The provider fails: the last good set is kept.
+    provider.set(500, "oops");
+    let unknown = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
+    assert_eq!(status(&app, &unknown).await, 401, "a failed fetch");
+    assert_eq!(status(&app, &good).await, 200, "the last good set still verifies");
+}
