@@ -72,25 +72,55 @@ ensure_postgres() {
     answers "$DATABASE_URL" || { log "PostgreSQL did not come up; see $dir/server.log"; return 1; }
 }
 
-# Makes moto's server available (pip, into a project venv when it is not installed)
-# and running on 127.0.0.1:$1; exports ORDERD_MOTO_ENDPOINT and MOTO_PID (empty when an
-# already running server was reused).
+# Where cargo builds: honours CARGO_TARGET_DIR and .cargo/config.
+target_dir() {
+    if [ -z "${ORDERD_TARGET_DIR:-}" ]; then
+        ORDERD_TARGET_DIR="$(cargo metadata --format-version 1 --no-deps \
+            | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+        mkdir -p "$ORDERD_TARGET_DIR"
+    fi
+    printf '%s\n' "$ORDERD_TARGET_DIR"
+}
+
+# Builds the orderd binary and prints its path (wherever the target dir is).
+orderd_bin() {
+    cargo build --quiet --bin orderd --message-format=json-render-diagnostics \
+        | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "orderd" and m.get("executable"):
+        print(m["executable"])'
+}
+
+# Prints the path of the command $1, installing the PyPI package $2 into the project's
+# own venv (under the target dir) when the command is not on PATH already.
+py_tool() {
+    local command="$1" package="$2" found
+    found="$(command -v "$command" || true)"
+    if [ -n "$found" ]; then
+        printf '%s\n' "$found"
+        return
+    fi
+    local venv
+    venv="$(target_dir)/py-venv"
+    if [ ! -x "$venv/bin/$command" ]; then
+        [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" >/dev/null 2>&1 \
+            || { apt_install python3-venv python3-pip; python3 -m venv "$venv"; }
+        log "installing $package into $venv"
+        "$venv/bin/pip" install --quiet "$package" >&2
+    fi
+    printf '%s\n' "$venv/bin/$command"
+}
+
+# Makes moto's server available (pip, into the project's venv when it is not
+# installed) and running on 127.0.0.1:$1; exports ORDERD_MOTO_ENDPOINT and MOTO_PID
+# (empty when an already running server was reused).
 ensure_moto() {
     local port="$1" moto
-    moto="$(command -v moto_server || true)"
-    if [ -z "$moto" ]; then
-        local venv="$ORDERD_ROOT/target/moto-venv"
-        if [ ! -x "$venv/bin/moto_server" ]; then
-            python3 -m venv "$venv" >/dev/null 2>&1 || { apt_install python3-venv python3-pip; python3 -m venv "$venv"; }
-            log "installing moto[server] into $venv"
-            "$venv/bin/pip" install --quiet 'moto[server]'
-        fi
-        moto="$venv/bin/moto_server"
-    fi
+    moto="$(py_tool moto_server 'moto[server]')"
     MOTO_PID=""
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        mkdir -p "$ORDERD_ROOT/target"
-        "$moto" -H 127.0.0.1 -p "$port" >"$ORDERD_ROOT/target/moto-$port.log" 2>&1 &
+        "$moto" -H 127.0.0.1 -p "$port" >"$(target_dir)/moto-$port.log" 2>&1 &
         MOTO_PID=$!
         local i
         for i in $(seq 1 100); do
@@ -105,4 +135,42 @@ ensure_moto() {
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits until http://127.0.0.1:$1/healthz answers (at most 60 s).
+wait_healthy() {
+    local i
+    for i in $(seq 1 600); do
+        curl -fs "http://127.0.0.1:$1/healthz" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "orderd on port $1 did not become healthy"
+    return 1
+}
+
+# Starts `orderd serve` on a fresh database of its own on the server at DATABASE_URL,
+# relay off, per-tenant rate limit off, for a black-box tool; sets BLACKBOX_PORT,
+# BLACKBOX_PID, BLACKBOX_DB and BLACKBOX_TOKEN. Extra VAR=value arguments go to orderd.
+start_blackbox() {
+    local bin="$1"; shift
+    BLACKBOX_PORT="$(free_port)"
+    BLACKBOX_DB="orderd_blackbox_$(cat /proc/sys/kernel/random/uuid | tr -d -)"
+    psql "$DATABASE_URL" -Xqc "CREATE DATABASE $BLACKBOX_DB"
+    local url="${DATABASE_URL%/*}/$BLACKBOX_DB"
+    BLACKBOX_SECRET="blackbox-secret-$(cat /proc/sys/kernel/random/uuid)"
+    env DATABASE_URL="$url" ORDERD_BIND="127.0.0.1:$BLACKBOX_PORT" ORDERD_RELAY=off \
+        ORDERD_JWT_HS256_SECRET="$BLACKBOX_SECRET" ORDERD_TENANT_RATE_PER_SEC=0 "$@" \
+        "$bin" serve >"$(target_dir)/blackbox-$BLACKBOX_PORT.log" 2>&1 &
+    BLACKBOX_PID=$!
+    wait_healthy "$BLACKBOX_PORT"
+    BLACKBOX_TOKEN="$(ORDERD_JWT_HS256_SECRET="$BLACKBOX_SECRET" "$bin" token \
+        --tenant "$(cat /proc/sys/kernel/random/uuid)" --ttl 1h)"
+}
+
+stop_blackbox() {
+    [ -n "${BLACKBOX_PID:-}" ] || return 0
+    kill "$BLACKBOX_PID" 2>/dev/null || true
+    wait "$BLACKBOX_PID" 2>/dev/null || true
+    psql "$DATABASE_URL" -Xqc "DROP DATABASE IF EXISTS $BLACKBOX_DB WITH (FORCE)" || true
+    BLACKBOX_PID=""
 }

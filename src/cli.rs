@@ -97,13 +97,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             sub,
         } => token(tenant, &scope, ttl, &sub),
         Command::Openapi { yaml } => {
-            let service = api::service();
             print!(
                 "{}",
                 if yaml {
-                    service.spec_yaml()
+                    api::spec::yaml()
                 } else {
-                    service.spec()
+                    api::spec::json()
                 }
             );
             Ok(())

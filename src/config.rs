@@ -532,7 +532,10 @@ mod tests {
     fn secrets_never_print() {
         let c = config(&[
             ("DATABASE_URL", "postgres://u:pw@h/db"),
-            ("ORDERD_JWT_HS256_SECRET", "very-secret-value-0123456789abcdef"),
+            (
+                "ORDERD_JWT_HS256_SECRET",
+                "very-secret-value-0123456789abcdef",
+            ),
         ])
         .unwrap();
         let printed = format!("{c:?}");
@@ -560,7 +563,10 @@ mod tests {
     fn tokens_need_exactly_one_verifier_and_a_long_enough_secret() {
         let err = config(&[
             ("DATABASE_URL", "x"),
-            ("ORDERD_JWT_HS256_SECRET", "0123456789abcdef0123456789abcdef"),
+            (
+                "ORDERD_JWT_HS256_SECRET",
+                "0123456789abcdef0123456789abcdef",
+            ),
             ("ORDERD_JWT_JWKS_URL", "http://127.0.0.1/jwks"),
         ])
         .unwrap_err()
@@ -573,9 +579,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("ORDERD_JWT_HS256_SECRET"), "{err}");
-        let err = config(&[("DATABASE_URL", "x"), ("ORDERD_JWT_JWKS_URL", "file:///etc/passwd")])
-            .unwrap_err()
-            .to_string();
+        let err = config(&[
+            ("DATABASE_URL", "x"),
+            ("ORDERD_JWT_JWKS_URL", "file:///etc/passwd"),
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("ORDERD_JWT_JWKS_URL"), "{err}");
     }
 

@@ -87,7 +87,8 @@ pub fn begin_statement(statement_timeout: Duration) -> String {
 
 /// Begins a transaction with `statement` (see [`begin_statement`]).
 pub async fn begin(pool: &PgPool, statement: &str) -> sqlx::Result<Transaction<'static, Postgres>> {
-    pool.begin_with(sqlx::AssertSqlSafe(statement.to_string())).await
+    pool.begin_with(sqlx::AssertSqlSafe(statement.to_string()))
+        .await
 }
 
 /// Whether the database answers a trivial query within two seconds (the readiness

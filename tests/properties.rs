@@ -3,7 +3,10 @@
 //! what they should, and treat equal meanings alike.
 
 use orderd::{
-    api::{body::CreateOrderBody, orders::{decode_cursor, encode_cursor}},
+    api::{
+        body::CreateOrderBody,
+        orders::{decode_cursor, encode_cursor},
+    },
     idempotency::{Fingerprint, IdempotencyKey, KeyError},
 };
 use proptest::prelude::*;

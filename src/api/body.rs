@@ -40,7 +40,13 @@ pub struct CreateOrderRequest {
     pub quantity: i32,
     /// The client's own reference: at most 128 characters, none of them a control
     /// character or a Unicode noncharacter. `null` is the same as leaving it out.
-    #[oai(validator(max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"))]
+    #[oai(
+        nullable,
+        validator(
+            max_length = 128,
+            pattern = r"^[^\u0000-\u001F\u007F-\u009F\uFDD0-\uFDEF\uFFFE\uFFFF]*$"
+        )
+    )]
     pub customer_ref: Option<String>,
 }
 
@@ -277,8 +283,12 @@ mod tests {
 
     #[test]
     fn a_valid_body_parses_with_null_the_same_as_absent() {
-        let a = CreateOrderBody::parse(br#"{"sku":"A-1","quantity":2,"customer_ref":null}"#).unwrap();
-        assert_eq!((a.sku.as_str(), a.quantity, a.customer_ref), ("A-1", 2, None));
+        let a =
+            CreateOrderBody::parse(br#"{"sku":"A-1","quantity":2,"customer_ref":null}"#).unwrap();
+        assert_eq!(
+            (a.sku.as_str(), a.quantity, a.customer_ref),
+            ("A-1", 2, None)
+        );
     }
 
     #[test]
@@ -293,24 +303,44 @@ mod tests {
 
     #[test]
     fn bounds_and_types_are_plain_words() {
-        assert_eq!(errors(r#"{"sku":"A","quantity":0}"#)[0].1, "must be from 1 to 10000");
+        assert_eq!(
+            errors(r#"{"sku":"A","quantity":0}"#)[0].1,
+            "must be from 1 to 10000"
+        );
         assert_eq!(
             errors(r#"{"sku":"A","quantity":1.5}"#)[0].1,
             "must be a whole number from 1 to 10000"
         );
         assert_eq!(errors(r#"{"sku":"","quantity":1}"#)[0].0, "sku");
         assert_eq!(errors("[1]")[0].1, "must be a JSON object");
-        assert!(errors("{").first().is_some_and(|(f, m)| f == "body" && m.starts_with("is not valid JSON")));
+        assert!(
+            errors("{")
+                .first()
+                .is_some_and(|(f, m)| f == "body" && m.starts_with("is not valid JSON"))
+        );
     }
 
     #[test]
     fn control_characters_and_noncharacters_are_refused() {
-        for bad in ["a\\u0000b", "bell\\u0007", "c1\\u009f", "\\uffff", "\\ufdd0", "\\ud83f\\udffe"] {
+        for bad in [
+            "a\\u0000b",
+            "bell\\u0007",
+            "c1\\u009f",
+            "\\uffff",
+            "\\ufdd0",
+            "\\ud83f\\udffe",
+        ] {
             let body = format!(r#"{{"sku":"A","quantity":1,"customer_ref":"{bad}"}}"#);
             let found = errors(&body);
             assert_eq!(found.len(), 1, "{bad}: {found:?}");
             assert_eq!(found[0].0, "customer_ref");
         }
-        assert!(CreateOrderBody::parse("{\"sku\":\"A\",\"quantity\":1,\"customer_ref\":\"caf\\u00e9 \\ud83d\\ude00\"}".as_bytes()).is_ok());
+        assert!(
+            CreateOrderBody::parse(
+                "{\"sku\":\"A\",\"quantity\":1,\"customer_ref\":\"caf\\u00e9 \\ud83d\\ude00\"}"
+                    .as_bytes()
+            )
+            .is_ok()
+        );
     }
 }

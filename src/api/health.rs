@@ -31,7 +31,11 @@ impl HealthApi {
 
     /// The process can serve: its database is reachable and it can verify tokens.
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
-    async fn readyz(&self, state: Data<&AppState>, verifier: Data<&Arc<Verifier>>) -> ReadyResponse {
+    async fn readyz(
+        &self,
+        state: Data<&AppState>,
+        verifier: Data<&Arc<Verifier>>,
+    ) -> ReadyResponse {
         if !verifier.is_ready() {
             return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
         }

@@ -94,12 +94,15 @@ impl TenantLimiter {
         tenant: TenantId,
         route: metrics::Route,
     ) -> Result<Admission, Problem> {
-        if let Some(buckets) = &self.buckets {
-            if let Err(not_until) = buckets.check_key(&tenant) {
-                let wait = not_until.wait_time_from(buckets.clock().now());
-                metrics::rate_limited(route);
-                return Err(self.limited(wait, "this tenant sends requests faster than its rate limit"));
-            }
+        if let Some(buckets) = &self.buckets
+            && let Err(not_until) = buckets.check_key(&tenant)
+        {
+            let wait = not_until.wait_time_from(buckets.clock().now());
+            metrics::rate_limited(route);
+            return Err(self.limited(
+                wait,
+                "this tenant sends requests faster than its rate limit",
+            ));
         }
         let permits = self.permits_of(tenant);
         match tokio::time::timeout(PERMIT_WAIT, permits.acquire_owned()).await {
@@ -215,10 +218,18 @@ mod tests {
                 .map(|(_, v)| v.to_str().unwrap().to_string())
         };
         assert_eq!(header("retry-after").as_deref(), Some("1"));
-        assert_eq!(header("ratelimit-policy").as_deref(), Some("\"tenant\";q=3;w=3"));
+        assert_eq!(
+            header("ratelimit-policy").as_deref(),
+            Some("\"tenant\";q=3;w=3")
+        );
         assert_eq!(header("ratelimit").as_deref(), Some("\"tenant\";r=0;t=1"));
         // Another tenant has its own bucket.
-        assert!(limiter.admit(TenantId(Uuid::new_v4()), metrics::Route::Orders).await.is_ok());
+        assert!(
+            limiter
+                .admit(TenantId(Uuid::new_v4()), metrics::Route::Orders)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
@@ -227,7 +238,11 @@ mod tests {
         let (a, b) = (TenantId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
         let held = limiter.admit(a, metrics::Route::Orders).await.unwrap();
         assert!(limiter.admit(b, metrics::Route::Orders).await.is_ok());
-        assert_eq!(limiter.tenants_in_memory().1, 1, "b's permits went with b's request");
+        assert_eq!(
+            limiter.tenants_in_memory().1,
+            1,
+            "b's permits went with b's request"
+        );
         drop(held);
         assert_eq!(limiter.tenants_in_memory().1, 0);
     }

@@ -62,7 +62,8 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
     Ok(response)
 }
 
-/// Answers every error of the routes inside as problem+json, `instance` being the path.
+/// Answers every error of the routes inside as problem+json, `instance` being the path;
+/// a 405 also says which methods the route has (`Allow`, as RFC 9110 asks).
 pub async fn errors_as_problems<E: Endpoint>(
     inner: Arc<E>,
     req: Request,
@@ -70,8 +71,26 @@ pub async fn errors_as_problems<E: Endpoint>(
     let path = req.uri().path().to_string();
     Ok(match inner.call(req).await {
         Ok(output) => output.into_response(),
-        Err(err) => to_problem(err).to_response(Some(&path)),
+        Err(err) => {
+            let mut problem = to_problem(err);
+            if problem.kind == Kind::MethodNotAllowed {
+                let allowed = allowed_methods(metrics::Route::of_path(&path));
+                problem = problem.with_header(header::ALLOW, HeaderValue::from_static(allowed));
+            }
+            problem.to_response(Some(&path))
+        }
     })
+}
+
+/// The methods each route answers.
+fn allowed_methods(route: metrics::Route) -> &'static str {
+    use metrics::Route as R;
+    match route {
+        R::Orders => "GET, HEAD, POST",
+        R::CancelOrder => "POST",
+        R::Unmatched => "",
+        _ => "GET, HEAD",
+    }
 }
 
 /// Sheds load beyond `in_flight` requests with 503 and `Retry-After`, before any

@@ -16,6 +16,7 @@ pub mod params;
 pub mod problem;
 pub mod responses;
 pub mod server;
+pub mod spec;
 
 use std::sync::Arc;
 
@@ -88,8 +89,8 @@ pub fn routes(
     }
     let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight));
     route
-        .at("/openapi.json", api.spec_endpoint())
-        .at("/openapi.yaml", api.spec_endpoint_yaml())
+        .at("/openapi.json", spec::json_endpoint())
+        .at("/openapi.yaml", spec::yaml_endpoint())
         .nest("/docs", api.swagger_ui())
         .nest("/", api)
         .data(state)

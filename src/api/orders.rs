@@ -271,7 +271,11 @@ pub async fn list(
     limit: i64,
     after: Option<&str>,
 ) -> Result<OrderPage, Problem> {
-    let after = after.map(decode_cursor).transpose()?;
+    // An empty `after` is no position at all: the first page.
+    let after = after
+        .filter(|a| !a.is_empty())
+        .map(decode_cursor)
+        .transpose()?;
     // One extra row tells whether a next page exists without a count query.
     let mut items = orders::store::list(&state.pool, tenant, limit + 1, after)
         .await

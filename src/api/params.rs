@@ -60,6 +60,8 @@ impl ParseFromParameter for KeyHeader {
     fn parse_from_parameters<I: IntoIterator<Item = A>, A: AsRef<str>>(
         iter: I,
     ) -> ParseResult<Self> {
-        Ok(Self(iter.into_iter().next().map(|v| v.as_ref().to_string())))
+        Ok(Self(
+            iter.into_iter().next().map(|v| v.as_ref().to_string()),
+        ))
     }
 }

@@ -279,7 +279,9 @@ impl From<sqlx::Error> for Problem {
         const UNAVAILABLE: [&str; 6] = ["57014", "25P03", "55P03", "53300", "57P01", "57P03"];
         let transient = match &err {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-            sqlx::Error::Database(db) => db.code().is_some_and(|c| UNAVAILABLE.contains(&c.as_ref())),
+            sqlx::Error::Database(db) => {
+                db.code().is_some_and(|c| UNAVAILABLE.contains(&c.as_ref()))
+            }
             _ => false,
         };
         if transient {

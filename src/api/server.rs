@@ -33,7 +33,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, combinators::BoxBody};
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use poem::{Endpoint, IntoEndpoint, web::{LocalAddr, RemoteAddr}};
+use poem::{
+    Endpoint, IntoEndpoint,
+    web::{LocalAddr, RemoteAddr},
+};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
@@ -117,7 +120,10 @@ where
     drop(listener);
     stopping.cancel();
     connections.close();
-    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("connections still open after the shutdown grace period; closing them");
     }
     Ok(())
@@ -145,17 +151,21 @@ fn descriptor_budget() -> usize {
             }
         }
     }
-    let budget = (limit.rlim_cur as u64).saturating_sub(RESERVED_FDS).max(16);
+    let budget = limit.rlim_cur.saturating_sub(RESERVED_FDS).max(16);
     usize::try_from(budget).unwrap_or(usize::MAX)
 }
 
 /// The endpoint behind a trait object, so every connection shares one.
 trait DynEndpoint: Send + Sync {
-    fn call(&self, req: poem::Request) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>>;
+    fn call(&self, req: poem::Request)
+    -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>>;
 }
 
 impl<E: Endpoint> DynEndpoint for E {
-    fn call(&self, req: poem::Request) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>> {
+    fn call(
+        &self,
+        req: poem::Request,
+    ) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>> {
         Box::pin(self.get_response(req))
     }
 }
@@ -385,7 +395,8 @@ impl Watched {
             if *written == bytes.len() {
                 return Poll::Ready(Ok(()));
             }
-            let n = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]))?;
+            let n =
+                std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -503,7 +514,8 @@ mod tests {
 
     #[test]
     fn hypers_empty_refusals_are_recognised_and_service_answers_are_not() {
-        let bare = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let bare =
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
         assert_eq!(automatic_refusal(bare).unwrap().kind, Kind::HeadersTooLarge);
         let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: 2\r\n\r\n{}";
         assert!(automatic_refusal(ours).is_none());
@@ -515,7 +527,10 @@ mod tests {
         let raw = raw_response(&Problem::new(Kind::RequestTimeout));
         let text = String::from_utf8(raw).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{head}");
+        assert!(
+            head.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{head}"
+        );
         assert!(head.contains(&format!("content-length: {}", body.len())));
         assert!(body.contains("/problems/request-timeout"));
     }

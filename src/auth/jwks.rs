@@ -89,7 +89,9 @@ impl Jwks {
         }
         self.current()
             .and_then(|keys| keys.get(kid).cloned())
-            .ok_or(AuthError::InvalidToken("the token's key (`kid`) is not known"))
+            .ok_or(AuthError::InvalidToken(
+                "the token's key (`kid`) is not known",
+            ))
     }
 
     /// Fetches the set; on failure keeps the last good one and says why in the log.
@@ -256,7 +258,11 @@ mod tests {
         assert_eq!(rsa(Some("PS256")), Some(Algorithm::PS256));
         assert_eq!(rsa(Some("RS512")), Some(Algorithm::RS512));
         assert_eq!(rsa(Some("ES256")), None, "an RSA key cannot be ES256");
-        assert_eq!(rsa(Some("HS256")), None, "a public key is never an HMAC secret");
+        assert_eq!(
+            rsa(Some("HS256")),
+            None,
+            "a public key is never an HMAC secret"
+        );
     }
 
     #[test]

@@ -164,7 +164,9 @@ impl Verifier {
         })?;
         let not_accepted = AuthError::InvalidToken("the token's algorithm is not accepted");
         match &self.keys {
-            Keys::Hs256(key) if header.alg == Algorithm::HS256 => self.validate(token, header.alg, key),
+            Keys::Hs256(key) if header.alg == Algorithm::HS256 => {
+                self.validate(token, header.alg, key)
+            }
             Keys::Public(alg, key) if header.alg == *alg => self.validate(token, *alg, key),
             Keys::Jwks(jwks) => {
                 let kid = header
@@ -181,7 +183,12 @@ impl Verifier {
         }
     }
 
-    fn validate(&self, token: &str, alg: Algorithm, key: &DecodingKey) -> Result<Principal, AuthError> {
+    fn validate(
+        &self,
+        token: &str,
+        alg: Algorithm,
+        key: &DecodingKey,
+    ) -> Result<Principal, AuthError> {
         let mut validation = Validation::new(alg);
         validation.required_spec_claims = ["exp", "sub"].into_iter().map(String::from).collect();
         validation.validate_exp = true;
@@ -251,7 +258,11 @@ pub fn mint_hs256(
         aud: audience,
     };
     let key = EncodingKey::from_secret(secret.expose().as_bytes())?;
-    Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key)?)
+    Ok(jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &key,
+    )?)
 }
 
 #[cfg(test)]

@@ -164,7 +164,8 @@ impl Relay {
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = self.claim_lease().as_millis() as i64;
         let claim = Uuid::new_v4();
-        let batch = store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms, claim).await?;
+        let batch =
+            store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms, claim).await?;
         if batch.is_empty() {
             return Ok(Round::default());
         }

@@ -92,7 +92,9 @@ impl SnsPublisher {
     async fn send(&self, chunk: &[Message]) -> Outcomes {
         match self.call(chunk).await {
             Ok(outcomes) => outcomes,
-            Err(failure) if failure.reason == FailureReason::InvalidParameter && chunk.len() > 1 => {
+            Err(failure)
+                if failure.reason == FailureReason::InvalidParameter && chunk.len() > 1 =>
+            {
                 let mut outcomes = Vec::with_capacity(chunk.len());
                 for message in chunk {
                     outcomes.push(self.send_alone(message).await);

@@ -296,7 +296,12 @@ async fn a_token_not_yet_valid_is_refused_beyond_the_leeway() {
     assert_refused(&list_as(&app, &hs256(&early, SECRET.as_bytes())).await);
     let mut skewed = claims(tenant);
     skewed["nbf"] = json!(now() + 10);
-    assert_eq!(list_as(&app, &hs256(&skewed, SECRET.as_bytes())).await.status, 200);
+    assert_eq!(
+        list_as(&app, &hs256(&skewed, SECRET.as_bytes()))
+            .await
+            .status,
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

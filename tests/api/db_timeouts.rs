@@ -42,7 +42,11 @@ async fn a_stalled_write_answers_503_releases_its_claim_and_a_retry_executes_afr
     locker.execute("ROLLBACK").await.unwrap();
     let retried = app.create(&token, &key, &order_body("STALL-1", 1)).await;
     assert_eq!(retried.status, 201);
-    assert_eq!(retried.header("idempotent-replayed"), None, "executed afresh");
+    assert_eq!(
+        retried.header("idempotent-replayed"),
+        None,
+        "executed afresh"
+    );
     assert_eq!(
         (app.count("orders").await, app.count("outbox_event").await),
         (1, 1)

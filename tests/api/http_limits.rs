@@ -50,7 +50,9 @@ async fn connect(app: &TestApp) -> TcpStream {
 async fn a_connection_that_sends_nothing_is_answered_408_and_closed() {
     let app = spawn_app_with(FAST).await;
     let mut silent = connect(&app).await;
-    let raw = read_until_closed(&mut silent).await.expect("the server closed it");
+    let raw = read_until_closed(&mut silent)
+        .await
+        .expect("the server closed it");
     let (status, body) = problem(&raw);
     assert_eq!(status, 408);
     assert_eq!(body["type"], "/problems/request-timeout");
@@ -62,7 +64,10 @@ async fn a_head_trickling_in_is_cut_off_at_the_read_timeout() {
     let mut slow = connect(&app).await;
     let head = b"GET /healthz HTTP/1.1\r\nHost: orderd\r\nX-Slow: ";
     let writer = async {
-        for byte in head.iter().chain(b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter()) {
+        for byte in head
+            .iter()
+            .chain(b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter())
+        {
             if slow.write_all(&[*byte]).await.is_err() {
                 break;
             }
@@ -70,7 +75,9 @@ async fn a_head_trickling_in_is_cut_off_at_the_read_timeout() {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
-    let raw = read_until_closed(&mut slow).await.expect("the server closed it");
+    let raw = read_until_closed(&mut slow)
+        .await
+        .expect("the server closed it");
     assert_eq!(problem(&raw).0, 408, "{raw}");
 }
 
@@ -85,12 +92,18 @@ async fn a_body_trickling_in_is_answered_408_and_the_connection_closed() {
          Content-Length: 100\r\n\r\n{{\"sku\":"
     );
     slow.write_all(head.as_bytes()).await.unwrap();
-    let raw = read_until_closed(&mut slow).await.expect("the server closed it");
+    let raw = read_until_closed(&mut slow)
+        .await
+        .expect("the server closed it");
     let (status, body) = problem(&raw);
     assert_eq!(status, 408, "{raw}");
     assert_eq!(body["type"], "/problems/request-timeout");
     assert!(raw.to_ascii_lowercase().contains("connection: close"));
-    assert_eq!(app.count("idempotency_record").await, 0, "nothing was claimed");
+    assert_eq!(
+        app.count("idempotency_record").await,
+        0,
+        "nothing was claimed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,12 +115,21 @@ async fn a_kept_alive_connection_serves_again_and_is_closed_once_idle_too_long()
         conn.write_all(request).await.unwrap();
         let mut buf = [0u8; 512];
         let n = conn.read(&mut buf).await.unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
         // Idle for longer than the read timeout but less than the idle timeout.
         tokio::time::sleep(Duration::from_millis(900)).await;
     }
-    let rest = read_until_closed(&mut conn).await.expect("closed after the idle timeout");
-    assert!(rest.is_empty(), "an idle connection is closed without an answer: {rest}");
+    let rest = read_until_closed(&mut conn)
+        .await
+        .expect("closed after the idle timeout");
+    assert!(
+        rest.is_empty(),
+        "an idle connection is closed without an answer: {rest}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,22 +139,42 @@ async fn what_the_protocol_layer_refuses_is_problem_json() {
     let many_headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
     let huge_header = format!("X-Big: {}\r\n", "b".repeat(40 * 1024));
     let cases = [
-        (format!("GET {long_target} HTTP/1.1\r\nHost: o\r\n\r\n"), 414, "uri-too-long"),
-        (format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{many_headers}\r\n"), 431, "headers-too-large"),
-        (format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{huge_header}\r\n"), 431, "headers-too-large"),
+        (
+            format!("GET {long_target} HTTP/1.1\r\nHost: o\r\n\r\n"),
+            414,
+            "uri-too-long",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{many_headers}\r\n"),
+            431,
+            "headers-too-large",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: o\r\n{huge_header}\r\n"),
+            431,
+            "headers-too-large",
+        ),
         ("BLAH\r\n\r\n".to_string(), 400, "validation-error"),
     ];
     for (request, status, slug) in cases {
         let mut conn = connect(&app).await;
         let _ = conn.write_all(request.as_bytes()).await;
-        let raw = read_until_closed(&mut conn).await.expect("an answer, then close");
+        let raw = read_until_closed(&mut conn)
+            .await
+            .expect("an answer, then close");
         let (got, body) = problem(&raw);
-        assert_eq!((got, body["type"].as_str().unwrap()), (status, format!("/problems/{slug}").as_str()), "{raw}");
+        assert_eq!(
+            (got, body["type"].as_str().unwrap()),
+            (status, format!("/problems/{slug}").as_str()),
+            "{raw}"
+        );
     }
     // HTTP/2 with prior knowledge is not served: the connection is closed (an HTTP/2
     // client could not read an HTTP/1.1 answer anyway).
     let mut h2c = connect(&app).await;
-    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
     assert_eq!(read_until_closed(&mut h2c).await.as_deref(), Some(""));
 }
 
@@ -165,7 +207,12 @@ async fn beyond_the_in_flight_cap_requests_are_shed_with_503_before_authenticati
     let body: Value = shed.json().await.unwrap();
     assert_eq!(body["type"], "/problems/service-unavailable");
     // Probes still answer.
-    let health = app.client.get(format!("{}/healthz", app.base)).send().await.unwrap();
+    let health = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     drop(holders);
 }
@@ -173,7 +220,12 @@ async fn beyond_the_in_flight_cap_requests_are_shed_with_503_before_authenticati
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_off_the_api_port_when_a_metrics_address_is_set() {
     let app = spawn_app_with(&[("ORDERD_METRICS_BIND", "127.0.0.1:0")]).await;
-    let on_api = app.client.get(format!("{}/metrics", app.base)).send().await.unwrap();
+    let on_api = app
+        .client
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(on_api.status(), 404);
     let metrics_base = app.metrics_base.clone().expect("a metrics listener");
     let text = reqwest::get(format!("{metrics_base}/metrics"))
@@ -188,7 +240,12 @@ async fn metrics_move_off_the_api_port_when_a_metrics_address_is_set() {
 /// CPU time (user + system) of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
@@ -241,7 +298,10 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let used = cpu_ticks(pid) - before;
     // A busy accept loop would burn about 300 ticks (one core for 3 s).
-    assert!(used < 100, "{used} ticks of CPU in 3 s while out of descriptors");
+    assert!(
+        used < 100,
+        "{used} ticks of CPU in 3 s while out of descriptors"
+    );
     drop(silent);
     let mut healthy = false;
     for _ in 0..100 {

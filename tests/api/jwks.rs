@@ -40,14 +40,25 @@ async fn status(app: &TestApp, token: &str) -> u16 {
 async fn app_with(url: &str) -> TestApp {
     spawn_app_on(
         TestDb::new().await,
-        &[("ORDERD_JWT_HS256_SECRET", ""), ("ORDERD_JWT_JWKS_URL", url)],
+        &[
+            ("ORDERD_JWT_HS256_SECRET", ""),
+            ("ORDERD_JWT_JWKS_URL", url),
+        ],
     )
     .await
 }
 
 async fn until_ready(app: &TestApp) {
     for _ in 0..200 {
-        if app.client.get(format!("{}/readyz", app.base)).send().await.unwrap().status() == 200 {
+        if app
+            .client
+            .get(format!("{}/readyz", app.base))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -68,11 +79,17 @@ async fn every_key_type_of_the_set_verifies_its_own_tokens_and_nothing_else() {
         (Algorithm::ES384, "jwks_ec_p384", "jwks_ec_p384"),
         (Algorithm::EdDSA, "jwks_ed25519", "jwks_ed25519"),
     ] {
-        assert_eq!(status(&app, &token(alg, kid, key, tenant)).await, 200, "{kid}");
+        assert_eq!(
+            status(&app, &token(alg, kid, key, tenant)).await,
+            200,
+            "{kid}"
+        );
     }
     // The key's algorithm, not the token's, decides: PS256 under an RS256 kid is refused.
     let confused = token(Algorithm::PS256, "jwks_rsa_a", "jwks_rsa_a", tenant);
-    app.get(&confused, "/v1/orders").await.assert_problem(401, "unauthorized");
+    app.get(&confused, "/v1/orders")
+        .await
+        .assert_problem(401, "unauthorized");
     // A token signed by another key under a known kid is refused.
     let forged = token(Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_b", tenant);
     assert_eq!(status(&app, &forged).await, 401);
@@ -81,7 +98,8 @@ async fn every_key_type_of_the_set_verifies_its_own_tokens_and_nothing_else() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_hammer_the_provider() {
+async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_hammer_the_provider()
+{
     let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
     let app = app_with(&provider.url).await;
     until_ready(&app).await;
@@ -117,7 +135,12 @@ async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     let app = app_with(&url).await;
     let tenant = Uuid::new_v4();
     let good = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
-    let ready = app.client.get(format!("{}/readyz", app.base)).send().await.unwrap();
+    let ready = app
+        .client
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 503);
     assert_eq!(status(&app, &good).await, 401);
 
@@ -130,5 +153,9 @@ async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     provider.set(500, "oops");
     let unknown = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
     assert_eq!(status(&app, &unknown).await, 401, "a failed fetch");
-    assert_eq!(status(&app, &good).await, 200, "the last good set still verifies");
+    assert_eq!(
+        status(&app, &good).await,
+        200,
+        "the last good set still verifies"
+    );
 }

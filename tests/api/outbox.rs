@@ -199,7 +199,8 @@ async fn until_failures(reasons: &[&str], from: f64, by: f64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains_in_order_when_it_returns() {
+async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains_in_order_when_it_returns()
+ {
     let topic = Topic::create(false).await;
     let proxy = Proxy::start(moto_address()).await;
     let app = spawn_publishing_app(
@@ -282,7 +283,11 @@ async fn an_unknown_topic_holds_the_backlog_uncharged_until_the_topic_exists_the
     .fetch_one(&app.db.pool)
     .await
     .unwrap();
-    assert_eq!((charged, dead), (0, 0), "a misconfiguration never turns the backlog DEAD");
+    assert_eq!(
+        (charged, dead),
+        (0, 0),
+        "a misconfiguration never turns the backlog DEAD"
+    );
 
     // The operator creates the topic: everything flows by itself, in order, no re-drive.
     let topic = Topic::create_named(&moto_endpoint(), &name, false).await;

@@ -18,7 +18,8 @@ fn rate_limited_count() -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_past_its_burst_gets_429_with_retry_after_and_ratelimit_fields_and_no_key_is_touched() {
+async fn a_tenant_past_its_burst_gets_429_with_retry_after_and_ratelimit_fields_and_no_key_is_touched()
+ {
     let app = spawn_app_with(&[
         ("ORDERD_TENANT_RATE_PER_SEC", "1"),
         ("ORDERD_TENANT_BURST", "3"),
@@ -27,7 +28,9 @@ async fn a_tenant_past_its_burst_gets_429_with_retry_after_and_ratelimit_fields_
     let tenant = Uuid::new_v4();
     let token = app.token(tenant);
     for i in 0..3 {
-        let reply = app.create(&token, &new_key(), &order_body("RL-1", i + 1)).await;
+        let reply = app
+            .create(&token, &new_key(), &order_body("RL-1", i + 1))
+            .await;
         assert_eq!(reply.status, 201);
     }
     let before = rate_limited_count();
@@ -54,7 +57,12 @@ async fn a_tenant_past_its_burst_gets_429_with_retry_after_and_ratelimit_fields_
     );
     // Another tenant has a bucket of its own.
     let other = app.token(Uuid::new_v4());
-    assert_eq!(app.create(&other, &new_key(), &order_body("RL-2", 1)).await.status, 201);
+    assert_eq!(
+        app.create(&other, &new_key(), &order_body("RL-2", 1))
+            .await
+            .status,
+        201
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,7 +79,10 @@ async fn one_tenants_flood_queues_on_its_own_permits_while_another_tenant_is_ser
         let (base, noisy) = (base.clone(), noisy.clone());
         async move {
             let body = order_body("FLOOD", (i % 100) + 1);
-            post_order(&base, &noisy, &new_key(), &body, None).await.status().as_u16()
+            post_order(&base, &noisy, &new_key(), &body, None)
+                .await
+                .status()
+                .as_u16()
         }
     }));
     let quiet_tenant = Uuid::new_v4();
@@ -90,7 +101,10 @@ async fn one_tenants_flood_queues_on_its_own_permits_while_another_tenant_is_ser
         statuses
     };
     let (flooded, calm) = tokio::join!(flood, calm);
-    assert_eq!(calm, [201; 5], "the quiet tenant is served during the flood");
+    assert_eq!(
+        calm, [201; 5],
+        "the quiet tenant is served during the flood"
+    );
     assert!(
         flooded.iter().all(|s| *s == 201 || *s == 429),
         "the flood sees 201 or 429, never a 5xx: {flooded:?}"

@@ -238,18 +238,37 @@ async fn bad_path_and_query_parameters_are_validation_errors() {
 async fn text_the_database_cannot_hold_or_should_not_is_a_400_naming_the_field() {
     let app = spawn_app().await;
     let token = app.token(Uuid::new_v4());
-    for bad in ["nul \u{0}", "bell \u{7}", "c1 \u{9f}", "non \u{ffff}", "non \u{fdd0}", "astral \u{1fffe}"] {
+    for bad in [
+        "nul \u{0}",
+        "bell \u{7}",
+        "c1 \u{9f}",
+        "non \u{ffff}",
+        "non \u{fdd0}",
+        "astral \u{1fffe}",
+    ] {
         let reply = app
-            .create(&token, &new_key(), &json!({"sku": "TXT-1", "quantity": 1, "customer_ref": bad}))
+            .create(
+                &token,
+                &new_key(),
+                &json!({"sku": "TXT-1", "quantity": 1, "customer_ref": bad}),
+            )
             .await;
         reply.assert_problem(400, "validation-error");
         let errors = reply.json()["errors"].clone();
-        assert_eq!(errors.as_array().map(Vec::len), Some(1), "{bad:?}: {errors}");
+        assert_eq!(
+            errors.as_array().map(Vec::len),
+            Some(1),
+            "{bad:?}: {errors}"
+        );
         assert_eq!(errors[0]["field"], "customer_ref", "{bad:?}");
     }
     // Ordinary Unicode, tabs excepted, is fine.
     let fine = app
-        .create(&token, &new_key(), &json!({"sku": "TXT-1", "quantity": 1, "customer_ref": "café ☕ 😀"}))
+        .create(
+            &token,
+            &new_key(),
+            &json!({"sku": "TXT-1", "quantity": 1, "customer_ref": "café ☕ 😀"}),
+        )
         .await;
     assert_eq!(fine.status, 201);
     assert_eq!(app.count("orders").await, 1);
@@ -271,7 +290,12 @@ async fn any_cursor_that_is_not_a_position_is_a_400_never_a_500() {
     ] {
         let cursor = URL_SAFE_NO_PAD.encode(&forged);
         let reply = app.get(&token, &format!("/v1/orders?after={cursor}")).await;
-        assert_eq!(reply.status, 400, "{forged}: {}", String::from_utf8_lossy(&reply.body));
+        assert_eq!(
+            reply.status,
+            400,
+            "{forged}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
         assert_eq!(reply.json()["errors"][0]["field"], "after");
     }
 }
@@ -288,10 +312,19 @@ async fn no_framework_wording_reaches_a_client() {
     ];
     for reply in replies {
         let text = String::from_utf8_lossy(&reply.body).to_string();
-        for internal in ["integer_int", "string_uuid", "param0", "parse request payload", "CreateOrderRequest"] {
+        for internal in [
+            "integer_int",
+            "string_uuid",
+            "param0",
+            "parse request payload",
+            "CreateOrderRequest",
+        ] {
             assert!(!text.contains(internal), "{internal} in {text}");
         }
         let body = reply.json();
-        assert!(body["errors"].as_array().is_some_and(|e| !e.is_empty()), "{text}");
+        assert!(
+            body["errors"].as_array().is_some_and(|e| !e.is_empty()),
+            "{text}"
+        );
     }
 }

@@ -28,7 +28,10 @@ impl JwksServer {
 
     /// Serves `body` on a given listener (a port chosen before the server existed).
     pub fn serve(listener: TcpListener, body: &str) -> Self {
-        let url = format!("http://{}/.well-known/jwks.json", listener.local_addr().unwrap());
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
         let answer = Arc::new(Mutex::new((200, body.to_string())));
         let fetches = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn({
