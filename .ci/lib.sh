@@ -174,3 +174,51 @@ stop_blackbox() {
     psql "$DATABASE_URL" -Xqc "DROP DATABASE IF EXISTS $BLACKBOX_DB WITH (FORCE)" || true
     BLACKBOX_PID=""
 }
+
+# One SQS call on moto at $1, in SQS's JSON protocol: ENDPOINT ACTION JSON.
+moto_sqs() {
+    curl -s -X POST "$1/" -H "X-Amz-Target: AmazonSQS.$2" \
+        -H 'Content-Type: application/x-amz-json-1.0' \
+        -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0' \
+        -d "$3"
+}
+
+# One SNS call on moto at $1, in SNS's query protocol: ENDPOINT QUERY-STRING.
+moto_sns() {
+    curl -s -X POST "$1/" -H 'Content-Type: application/x-www-form-urlencoded' \
+        -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sns/aws4_request, SignedHeaders=host, Signature=0' \
+        -d "Version=2010-03-31&$2"
+}
+
+# A topic named $2 on moto at $1 with an SQS queue of the same name subscribed to it
+# (raw delivery), so what is published can be read back; sets TOPIC_ARN and QUEUE_URL.
+moto_topic() {
+    local endpoint="$1" name="$2"
+    TOPIC_ARN="$(moto_sns "$endpoint" "Action=CreateTopic&Name=$name" | sed -n 's:.*<TopicArn>\(.*\)</TopicArn>.*:\1:p')"
+    QUEUE_URL="$(moto_sqs "$endpoint" CreateQueue "{\"QueueName\":\"$name\"}" | sed -n 's/.*"QueueUrl": *"\([^"]*\)".*/\1/p')"
+    moto_sns "$endpoint" "Action=Subscribe&TopicArn=$TOPIC_ARN&Protocol=sqs&Endpoint=arn:aws:sqs:us-east-1:123456789012:$name&Attributes.entry.1.key=RawMessageDelivery&Attributes.entry.1.value=true" >/dev/null
+}
+
+# Prints the python of the project's venv (under the target dir), with the PyPI
+# packages given installed.
+py_venv() {
+    local venv
+    venv="$(target_dir)/py-venv"
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" >/dev/null 2>&1 \
+        || { apt_install python3-venv python3-pip; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet "$@" >&2
+    printf '%s\n' "$venv/bin/python"
+}
+
+# Prints the path of an npm package's command, installed under the target dir:
+# PACKAGE@VERSION COMMAND.
+npm_tool() {
+    local dir
+    dir="$(target_dir)/node-tools"
+    command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+    if [ ! -x "$dir/node_modules/.bin/$2" ]; then
+        log "installing $1 into $dir"
+        npm install --prefix "$dir" --no-audit --no-fund --silent "$1" >&2
+    fi
+    printf '%s\n' "$dir/node_modules/.bin/$2"
+}

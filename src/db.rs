@@ -37,20 +37,65 @@ pub async fn pool_of_size(config: &Config, size: u32) -> anyhow::Result<PgPool> 
         ("statement_timeout", timeout.as_str()),
         ("idle_in_transaction_session_timeout", timeout.as_str()),
     ]);
+    // One plain connection first: its error says what is wrong, where the pool's
+    // would only say that it timed out.
+    let first = open(&options).await?;
+    let _ = first.close().await;
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_with(options)
+        .connect_with(options.clone())
         .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the database (DATABASE_URL): {e}"))
+        .map_err(|e| explain(e, &options))
+}
+
+/// One connection, or a one-line error naming `DATABASE_URL` and what to check.
+async fn open(options: &PgConnectOptions) -> anyhow::Result<PgConnection> {
+    match tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(explain(e, options)),
+        Err(_) => Err(anyhow::anyhow!(
+            "DATABASE_URL: no answer from {}:{} within {} s (the wrong host, or a firewall?)",
+            options.get_host(),
+            options.get_port(),
+            ACQUIRE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// Turns a connection error into one line that names `DATABASE_URL` and what to check.
+fn explain(err: sqlx::Error, options: &PgConnectOptions) -> anyhow::Error {
+    let (host, port) = (options.get_host(), options.get_port());
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    let why = match &err {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
+            "nothing accepts connections at {host}:{port} (is PostgreSQL running and listening there?)"
+        ),
+        sqlx::Error::Io(io) if io.to_string().contains("lookup address") => {
+            format!("the host `{host}` is unknown (check the host name)")
+        }
+        sqlx::Error::Io(io) => format!("cannot reach {host}:{port}: {io}"),
+        sqlx::Error::Tls(tls) => format!("TLS with {host}:{port} failed: {tls}"),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("3D000") => format!(
+                "the database `{database}` does not exist on {host}:{port} (create it, or name another)"
+            ),
+            Some("28P01" | "28000") => format!(
+                "PostgreSQL at {host}:{port} refused user `{user}` (check the user name and password)"
+            ),
+            Some("53300") => format!("PostgreSQL at {host}:{port} has no connection slots left"),
+            _ => format!("PostgreSQL at {host}:{port} refused: {}", db.message()),
+        },
+        other => other.to_string(),
+    };
+    anyhow::anyhow!("DATABASE_URL: {why}")
 }
 
 /// Applies pending migrations on a connection of their own, without the statement
 /// timeout (a migration may rightly take long).
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let mut conn = PgConnection::connect_with(&connect_options(config)?)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the database (DATABASE_URL): {e}"))?;
+    let mut conn = open(&connect_options(config)?).await?;
     MIGRATOR
         .run(&mut conn)
         .await
@@ -60,11 +105,16 @@ pub async fn migrate(config: &Config) -> anyhow::Result<()> {
 }
 
 fn connect_options(config: &Config) -> anyhow::Result<PgConnectOptions> {
-    config
-        .database_url
-        .expose()
-        .parse::<PgConnectOptions>()
-        .map_err(|e| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL: {e}"))
+    let url = config.database_url.expose();
+    let malformed = || {
+        anyhow::anyhow!(
+            "DATABASE_URL is not a PostgreSQL URL like postgres://user:password@host:5432/database"
+        )
+    };
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(malformed());
+    }
+    url.parse::<PgConnectOptions>().map_err(|_| malformed())
 }
 
 /// Opens a pool on `url`, with no timeouts (tests and tools).

@@ -23,12 +23,16 @@ pub enum ReadyResponse {
 
 #[OpenApi(tag = "ApiTags::Health")]
 impl HealthApi {
+    /// Liveness
+    ///
     /// The process is alive.
     #[oai(path = "/healthz", method = "get", operation_id = "healthz")]
     async fn healthz(&self) -> PlainText<&'static str> {
         PlainText("ok")
     }
 
+    /// Readiness
+    ///
     /// The process can serve: its database is reachable and it can verify tokens.
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
     async fn readyz(

@@ -124,8 +124,11 @@ pub struct OrdersApi;
 
 #[OpenApi(tag = "ApiTags::Orders")]
 impl OrdersApi {
-    /// Create an order. Idempotent per `Idempotency-Key`: a retry with the same key and
-    /// body replays the first answer; the same key with another body is a 422.
+    /// Create an order
+    ///
+    /// Needs the `orders:write` scope. Idempotent per `Idempotency-Key`: a retry with
+    /// the same key and body replays the first answer (status, body and `Location`,
+    /// with `Idempotent-Replayed: true`); the same key with another body is a 422.
     #[oai(path = "/v1/orders", method = "post", operation_id = "createOrder")]
     async fn create_order(
         &self,
@@ -143,8 +146,11 @@ impl OrdersApi {
         Ok(Documented(WithBody(answer.into())))
     }
 
-    /// Cancel an order. Idempotent per `Idempotency-Key`; cancelling a cancelled order
-    /// returns it unchanged.
+    /// Cancel an order
+    ///
+    /// Needs the `orders:write` scope. Idempotent per `Idempotency-Key`; cancelling a
+    /// cancelled order returns it unchanged and publishes nothing. An order of another
+    /// tenant, or none, is a 404 (stored and replayed like a success).
     #[oai(
         path = "/v1/orders/:id/cancel",
         method = "post",
@@ -167,7 +173,9 @@ impl OrdersApi {
         Ok(Documented(answer.into()))
     }
 
-    /// Get one order of the caller's tenant.
+    /// Get an order
+    ///
+    /// Needs the `orders:read` scope. Only the caller's tenant's orders exist for it.
     #[oai(path = "/v1/orders/:id", method = "get", operation_id = "getOrder")]
     async fn get_order(
         &self,
@@ -185,7 +193,10 @@ impl OrdersApi {
         }))
     }
 
-    /// List the caller's orders, newest first, with keyset pagination.
+    /// List orders
+    ///
+    /// Needs the `orders:read` scope. The caller's tenant's orders, newest first; pass
+    /// `next` of a page as `after` for the next one.
     #[oai(path = "/v1/orders", method = "get", operation_id = "listOrders")]
     async fn list_orders(
         &self,

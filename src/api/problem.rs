@@ -294,11 +294,19 @@ impl From<sqlx::Error> for Problem {
 
 impl From<KeyError> for Problem {
     fn from(err: KeyError) -> Self {
-        let kind = match err {
-            KeyError::Missing => Kind::IdempotencyKeyMissing,
-            KeyError::Invalid => Kind::IdempotencyKeyInvalid,
+        let (kind, message) = match err {
+            KeyError::Missing => (Kind::IdempotencyKeyMissing, "is required on every POST"),
+            KeyError::Invalid => (
+                Kind::IdempotencyKeyInvalid,
+                "must be 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-', bare or in double quotes",
+            ),
         };
-        Problem::new(kind).with_detail(err.to_string())
+        Problem::new(kind)
+            .with_detail(err.to_string())
+            .with_errors(vec![FieldError {
+                field: "Idempotency-Key".into(),
+                message: message.into(),
+            }])
     }
 }
 

@@ -3,11 +3,14 @@
 //!
 //! - The create body refuses unknown fields (`additionalProperties: false`), as the
 //!   handler does; generated clients and fuzzers then know it too.
+//! - Each operation names the scope it needs (`x-required-scopes`): OpenAPI 3.0 has no
+//!   scopes on a bearer scheme, and an extension is what 3.0 tools carry through.
 
 use poem::{Endpoint, Response, endpoint::make_sync, get};
 use serde_json::Value;
 
 use super::service;
+use crate::auth::{SCOPE_READ, SCOPE_WRITE};
 
 /// The document, as a JSON value.
 pub fn document() -> Value {
@@ -15,6 +18,18 @@ pub fn document() -> Value {
         serde_json::from_str(&service().spec()).expect("poem-openapi renders valid JSON");
     if let Some(create) = doc.pointer_mut("/components/schemas/CreateOrderRequest") {
         create["additionalProperties"] = Value::Bool(false);
+    }
+    if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
+        for operation in paths.values_mut().filter_map(Value::as_object_mut) {
+            for op in operation.values_mut().filter_map(Value::as_object_mut) {
+                let scope = match op.get("operationId").and_then(Value::as_str) {
+                    Some("createOrder" | "cancelOrder") => SCOPE_WRITE,
+                    Some("getOrder" | "listOrders") => SCOPE_READ,
+                    _ => continue,
+                };
+                op.insert("x-required-scopes".into(), serde_json::json!([scope]));
+            }
+        }
     }
     doc
 }

@@ -10,12 +10,19 @@ use uuid::Uuid;
 
 use crate::{metrics::EventType, tenant::TenantId};
 
+/// The version of the event format. Fields are only ever added within a version; a
+/// change that could break a consumer (a field removed, renamed or retyped, a meaning
+/// changed) needs the next one.
+pub const SCHEMA_VERSION: u32 = 1;
+
 /// One committed change, as published.
 #[derive(Debug, Clone, Serialize)]
 pub struct Event<'a> {
     pub event_id: Uuid,
     #[serde(serialize_with = "event_type")]
     pub event_type: EventType,
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
     /// When the change committed (the order's `updated_at`), RFC 3339.
     #[serde(serialize_with = "rfc3339")]
     pub occurred_at: DateTime<Utc>,
@@ -57,6 +64,7 @@ impl NewEvent {
         serde_json::to_value(Event {
             event_id,
             event_type: self.event_type,
+            schema_version: SCHEMA_VERSION,
             occurred_at: self.occurred_at,
             tenant_id: self.tenant.0,
             order: &self.order,
@@ -104,6 +112,7 @@ mod tests {
         let golden = serde_json::json!({
             "event_id": "00000000-0000-0000-0000-00000000000c",
             "event_type": "OrderCancelled",
+            "schema_version": 1,
             "occurred_at": "2026-11-29T19:35:23.428432+00:00",
             "tenant_id": "00000000-0000-0000-0000-00000000000a",
             "order": {

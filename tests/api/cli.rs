@@ -83,6 +83,28 @@ fn a_missing_or_malformed_setting_stops_serve_with_one_line_naming_it() {
 }
 
 #[test]
+fn database_mistakes_stop_the_process_with_one_line_saying_what_to_check() {
+    let server = crate::support::admin_url();
+    let (base, _) = server.rsplit_once('/').unwrap();
+    for (url, hint) in [
+        ("postgres://postgres@127.0.0.1:1/orderd".to_string(), "nothing accepts connections at 127.0.0.1:1"),
+        ("postgres://postgres@no-such-host.invalid/orderd".to_string(), "the host `no-such-host.invalid` is unknown"),
+        (format!("{base}/no_such_database_here"), "the database `no_such_database_here` does not exist"),
+        ("localhost:5432".to_string(), "is not a PostgreSQL URL like postgres://"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("migrate")
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{url}");
+        assert_eq!(stderr.lines().count(), 1, "{url}: {stderr}");
+        assert!(stderr.contains("DATABASE_URL") && stderr.contains(hint), "{url}: {stderr}");
+    }
+}
+
+#[test]
 fn out_of_range_numbers_short_secrets_and_two_verifiers_stop_serve_naming_the_variable() {
     for (name, value, extra) in [
         ("ORDERD_IDEMPOTENCY_TTL_SECS", "18446744073709551615", None),

@@ -1,0 +1,73 @@
+# Checks of a running orderd by tools nobody here wrote, run by .ci/test after the Rust
+# suite. Sourced, not run; each function starts what it needs and stops it again.
+
+# Schemathesis: every check of the served OpenAPI document, for a minute.
+check_schemathesis() {
+    local bin="$1" schemathesis
+    log "schemathesis: every check of the served OpenAPI document, 60 s"
+    schemathesis="$(py_tool schemathesis 'schemathesis==4.32.5')"
+    start_blackbox "$bin"
+    "$schemathesis" --config-file tests/blackbox/schemathesis.toml run \
+        "http://127.0.0.1:$BLACKBOX_PORT/openapi.json" \
+        -H "Authorization: Bearer $BLACKBOX_TOKEN" \
+        --checks all --max-time 60 --workers 2 --no-color
+    stop_blackbox
+}
+
+# A Python client generated from openapi/openapi.yaml, used for a smoke run.
+check_generated_client() {
+    local bin="$1" generator python out
+    log "openapi-python-client: a generated client creates, replays, conflicts, cancels, lists"
+    generator="$(py_tool openapi-python-client 'openapi-python-client==0.29.1')"
+    out="$(target_dir)/generated-client"
+    "$generator" generate --path openapi/openapi.yaml --output-path "$out" --overwrite \
+        --config tests/blackbox/openapi-python-client.yaml >/dev/null
+    python="$(py_venv "$out")"
+    start_blackbox "$bin"
+    "$python" tests/blackbox/generated_client_smoke.py "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN"
+    stop_blackbox
+}
+
+# The AsyncAPI document is valid (the AsyncAPI CLI), and every message the relay
+# publishes to moto matches it.
+check_asyncapi() {
+    local bin="$1" asyncapi python
+    log "asyncapi: the document validates, and published events match it"
+    asyncapi="$(npm_tool @asyncapi/cli@4.1.1 asyncapi)"
+    local analytics
+    analytics="$(target_dir)/asyncapi-analytics.json"
+    echo '{"analyticsEnabled":"false","infoMessageShown":"true","userID":"orderd-ci"}' >"$analytics"
+    CI=true ASYNCAPI_METRICS_CONFIG_PATH="$analytics" \
+        "$asyncapi" validate asyncapi/asyncapi.yaml --fail-severity warn
+    python="$(py_venv 'jsonschema==4.*' 'pyyaml==6.*')"
+    moto_topic "$ORDERD_MOTO_ENDPOINT" "asyncapi-$(cat /proc/sys/kernel/random/uuid)"
+    start_blackbox "$bin" ORDERD_RELAY=on ORDERD_SNS_TOPIC_ARN="$TOPIC_ARN" \
+        AWS_ENDPOINT_URL="$ORDERD_MOTO_ENDPOINT" AWS_REGION=us-east-1 \
+        AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+    "$python" tests/blackbox/events_match_asyncapi.py asyncapi/asyncapi.yaml \
+        "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN" "$QUEUE_URL"
+    stop_blackbox
+}
+
+# `.ci/serve` stops everything it started when its own PID gets SIGTERM.
+check_serve_stops() {
+    local bin="$1" port moto_port pid i
+    log ".ci/serve: SIGTERM to its PID leaves nothing listening"
+    port="$(free_port)"
+    moto_port="$(free_port)"
+    ORDERD_BIN="$bin" ORDERD_BIND="127.0.0.1:$port" ORDERD_MOTO_PORT="$moto_port" \
+        .ci/serve >"$(target_dir)/serve-check.log" 2>&1 &
+    pid=$!
+    wait_healthy "$port"
+    kill -TERM "$pid"
+    wait "$pid" || true
+    for i in $(seq 1 50); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null \
+            && ! (exec 3<>"/dev/tcp/127.0.0.1/$moto_port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    log "after SIGTERM something still listens on $port (orderd) or $moto_port (moto)"
+    return 1
+}
