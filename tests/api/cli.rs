@@ -87,10 +87,22 @@ fn database_mistakes_stop_the_process_with_one_line_saying_what_to_check() {
     let server = crate::support::admin_url();
     let (base, _) = server.rsplit_once('/').unwrap();
     for (url, hint) in [
-        ("postgres://postgres@127.0.0.1:1/orderd".to_string(), "nothing accepts connections at 127.0.0.1:1"),
-        ("postgres://postgres@no-such-host.invalid/orderd".to_string(), "the host `no-such-host.invalid` is unknown"),
-        (format!("{base}/no_such_database_here"), "the database `no_such_database_here` does not exist"),
-        ("localhost:5432".to_string(), "is not a PostgreSQL URL like postgres://"),
+        (
+            "postgres://postgres@127.0.0.1:1/orderd".to_string(),
+            "nothing accepts connections at 127.0.0.1:1",
+        ),
+        (
+            "postgres://postgres@no-such-host.invalid/orderd".to_string(),
+            "the host `no-such-host.invalid` is unknown",
+        ),
+        (
+            format!("{base}/no_such_database_here"),
+            "the database `no_such_database_here` does not exist",
+        ),
+        (
+            "localhost:5432".to_string(),
+            "is not a PostgreSQL URL like postgres://",
+        ),
     ] {
         let out = Command::new(BIN)
             .arg("migrate")
@@ -100,7 +112,10 @@ fn database_mistakes_stop_the_process_with_one_line_saying_what_to_check() {
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert!(!out.status.success(), "{url}");
         assert_eq!(stderr.lines().count(), 1, "{url}: {stderr}");
-        assert!(stderr.contains("DATABASE_URL") && stderr.contains(hint), "{url}: {stderr}");
+        assert!(
+            stderr.contains("DATABASE_URL") && stderr.contains(hint),
+            "{url}: {stderr}"
+        );
     }
 }
 
