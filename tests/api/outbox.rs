@@ -84,6 +84,7 @@ async fn a_created_then_cancelled_order_reaches_sns_as_two_events_in_order() {
                 "event_type",
                 "occurred_at",
                 "order",
+                "schema_version",
                 "tenant_id"
             ]
         );
