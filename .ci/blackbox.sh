@@ -125,3 +125,14 @@ PROM
     PROMETHEUS_PID=""
     stop_blackbox
 }
+
+# The official MCP Python SDK lists the tools and calls create_order twice with one
+# requestId.
+check_mcp_python() {
+    local bin="$1" python
+    log "MCP Python SDK: tools listed, one order for one requestId called twice"
+    python="$(py_venv 'mcp==2.3.0')"
+    start_blackbox "$bin"
+    "$python" tests/blackbox/mcp_python_client.py "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN"
+    stop_blackbox
+}

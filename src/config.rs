@@ -79,6 +79,7 @@ mod table {
     setting!(TENANT_RATE_PER_SEC, "ORDERD_TENANT_RATE_PER_SEC", Some("500"), range(0, 1_000_000), "per-tenant token bucket refill rate on the API and MCP paths, per process; `0` turns the limit off");
     setting!(TENANT_BURST, "ORDERD_TENANT_BURST", Some("1000"), range(1, 10_000_000), "per-tenant token bucket size");
     setting!(TENANT_MAX_IN_FLIGHT, "ORDERD_TENANT_MAX_IN_FLIGHT", Some("8"), range(1, 10_000), "requests of one tenant doing database work at once, per process; more wait their turn (up to 2 s, then 429)");
+    setting!(MCP_ALLOWED_ORIGINS, "ORDERD_MCP_ALLOWED_ORIGINS", None, Kind::Text, "comma-separated browser origins (`https://app.example.com`) allowed to call `/mcp`; a request with any other `Origin` is refused 403");
     setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN and migrations)");
     setting!(DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle");
     setting!(PURGE_INTERVAL_SECS, "ORDERD_PURGE_INTERVAL_SECS", Some("60"), range(1, 86_400), "how often the retention purges run");
@@ -99,7 +100,7 @@ mod table {
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
         &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
-        &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT,
+        &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &LOG_FORMAT,
         &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
         &OUTBOX_BACKOFF_INITIAL_MS, &OUTBOX_BACKOFF_MAX_MS, &OUTBOX_PUBLISH_TIMEOUT_MS,
@@ -264,6 +265,8 @@ pub struct HttpConfig {
     /// Where `/metrics` is served instead of the API address; `None`: on the API address
     /// (`serve`), or nowhere (`relay`).
     pub metrics_bind: Option<String>,
+    /// Browser origins allowed to call `/mcp`.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 /// What one tenant may use of one process.
@@ -344,6 +347,13 @@ impl Config {
                     Some(_) => Some(env.bind(&METRICS_BIND)?),
                     None => None,
                 },
+                mcp_allowed_origins: env
+                    .text(&MCP_ALLOWED_ORIGINS)
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|o| o.trim().trim_end_matches('/').to_string())
+                    .filter(|o| !o.is_empty())
+                    .collect(),
             },
             tenant_limits: TenantLimits {
                 rate_per_sec: Some(env.number(&TENANT_RATE_PER_SEC)? as u32).filter(|&r| r > 0),

@@ -122,6 +122,8 @@ label_enum! {
         OpenapiJson => "/openapi.json",
         OpenapiYaml => "/openapi.yaml",
         Docs => "/docs",
+        Mcp => "/mcp",
+        ProtectedResource => "/.well-known/oauth-protected-resource",
         Unmatched => "unmatched",
     }
 }

@@ -51,6 +51,7 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
     tracing::info!(
         method = %method,
         route = route.as_str(),
+        transport = if route == metrics::Route::Mcp { "mcp" } else { "rest" },
         status,
         latency_ms = elapsed * 1000.0,
         tenant = context.tenant.map(|t| t.to_string()),

@@ -10,6 +10,7 @@ pub mod body;
 pub mod health;
 pub mod idempotent;
 pub mod limits;
+pub mod mcp;
 pub mod middleware;
 pub mod orders;
 pub mod params;
@@ -88,7 +89,17 @@ pub fn routes(
         route = route.at("/metrics", metrics_endpoint());
     }
     let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight));
+    let mcp = mcp::Mcp::new(
+        state.clone(),
+        shared,
+        config.http.mcp_allowed_origins.clone(),
+    );
     route
+        .at("/mcp", mcp)
+        .at(
+            mcp::METADATA_PATH,
+            mcp::metadata_endpoint(config.jwt.issuer.clone()),
+        )
         .at("/openapi.json", spec::json_endpoint())
         .at("/openapi.yaml", spec::yaml_endpoint())
         .nest("/docs", api.swagger_ui())

@@ -320,5 +320,8 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
     }
     let logs = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
-    assert!(healthy, "the server serves again once the crowd is gone; its log:\n{logs}");
+    assert!(
+        healthy,
+        "the server serves again once the crowd is gone; its log:\n{logs}"
+    );
 }

@@ -12,6 +12,7 @@ mod http_limits;
 mod idempotency;
 mod indexes;
 mod jwks;
+mod mcp;
 mod observability;
 mod openapi;
 mod orders;

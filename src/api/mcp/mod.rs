@@ -1,0 +1,206 @@
+//! `/mcp`: the Model Context Protocol over Streamable HTTP, so that an AI agent can act
+//! for a tenant with the guarantees REST callers get (docs/contract.md §9).
+//!
+//! The protocol is the official Rust SDK's (`rmcp`'s `StreamableHttpService`: stateless,
+//! JSON responses), mounted in poem by a small adapter. Before any MCP message is read,
+//! the HTTP request passes the same checks as REST: a browser `Origin` must be allowed
+//! (DNS-rebinding protection), and the bearer token must verify, else 401 with a
+//! challenge naming the protected-resource metadata (RFC 9728) so that MCP clients can
+//! find where tokens come from. Scopes and the tenant's limits apply per tool call.
+
+mod tools;
+
+use std::{convert::Infallible, sync::Arc};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use http_body_util::{BodyExt, Full};
+use poem::{
+    Body, Endpoint, Request, Response,
+    http::{HeaderValue, StatusCode, header},
+};
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
+};
+use serde_json::json;
+use tower_service::Service;
+
+pub use self::tools::OrderTools;
+use super::{
+    AppState, Shared,
+    problem::{Kind, Problem},
+};
+use crate::auth::{AuthError, Principal, SCOPE_READ, SCOPE_WRITE};
+
+/// The verified caller of an MCP request, handed to the tools in the request's
+/// extensions.
+#[derive(Clone)]
+pub struct Caller {
+    pub principal: Principal,
+}
+
+/// Where the protected-resource metadata is served.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The `/mcp` endpoint.
+pub struct Mcp {
+    service: StreamableHttpService<OrderTools, NeverSessionManager>,
+    shared: SharedAuth,
+    allowed_origins: Arc<Vec<String>>,
+}
+
+#[derive(Clone)]
+struct SharedAuth {
+    verifier: Arc<crate::auth::Verifier>,
+}
+
+impl Mcp {
+    pub fn new(state: AppState, shared: &Shared, allowed_origins: Vec<String>) -> Self {
+        let tools = OrderTools {
+            state,
+            limiter: shared.limiter.clone(),
+        };
+        // Stateless, JSON answers; the Host header is not checked here because orderd
+        // serves public names behind a balancer: browsers are kept out by `Origin`.
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true)
+            .disable_allowed_hosts();
+        Self {
+            service: StreamableHttpService::new(
+                move || Ok(tools.clone()),
+                Arc::new(NeverSessionManager::default()),
+                config,
+            ),
+            shared: SharedAuth {
+                verifier: shared.verifier.clone(),
+            },
+            allowed_origins: Arc::new(allowed_origins),
+        }
+    }
+
+    async fn handle(&self, req: Request) -> Result<Response, Problem> {
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or_default();
+            if !self.allowed_origins.iter().any(|allowed| allowed == origin) {
+                return Err(Problem::new(Kind::Forbidden).with_detail(format!(
+                    "requests from the browser origin `{origin}` are not allowed here"
+                )));
+            }
+        }
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or(AuthError::InvalidToken("a bearer token is required"))
+            .map_err(|e| challenge(&req, e))?;
+        let principal = self
+            .shared
+            .verifier
+            .verify(token)
+            .await
+            .map_err(|e| challenge(&req, e))?;
+        crate::telemetry::note_caller(principal.tenant, &principal.subject);
+
+        let (parts, body) = req.into_parts();
+        let bytes = body
+            .into_bytes()
+            .await
+            .map_err(|e| Problem::new(Kind::ValidationError).with_detail(e.to_string()))?;
+        let mut http_req = http::Request::builder()
+            .method(parts.method)
+            .uri(parts.uri)
+            .version(parts.version)
+            .body(Full::new(bytes))
+            .map_err(|e| Problem::internal(anyhow::anyhow!(e)))?;
+        *http_req.headers_mut() = parts.headers;
+        http_req.extensions_mut().insert(Caller { principal });
+        let mut service = self.service.clone();
+        let Ok(answer) = service.call(http_req).await;
+        let (head, body) = answer.into_parts();
+        let stream = body
+            .into_data_stream()
+            .map_err(|never: Infallible| -> std::io::Error { match never {} });
+        let mut response = Response::from_parts(
+            poem::ResponseParts {
+                status: head.status,
+                version: head.version,
+                headers: head.headers,
+                extensions: head.extensions,
+            },
+            Body::from_bytes_stream(stream.map_ok(Bytes::from)),
+        );
+        if response.status() == StatusCode::METHOD_NOT_ALLOWED
+            && !response.headers().contains_key(header::ALLOW)
+        {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        Ok(response)
+    }
+}
+
+/// A 401 whose challenge names the protected-resource metadata.
+fn challenge(req: &Request, err: AuthError) -> Problem {
+    let metadata = format!("{}{METADATA_PATH}", base_url(req));
+    let mut problem = Problem::from(err);
+    let value = format!(r#"Bearer error="invalid_token", resource_metadata="{metadata}""#);
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        problem
+            .headers
+            .retain(|(name, _)| name != header::WWW_AUTHENTICATE);
+        problem = problem.with_header(header::WWW_AUTHENTICATE, value);
+    }
+    problem
+}
+
+/// `scheme://host` as the client reached this server (`X-Forwarded-Proto` from a TLS
+/// proxy in front, else http).
+fn base_url(req: &Request) -> String {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost");
+    let scheme = req
+        .headers()
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| *p == "https" || *p == "http")
+        .unwrap_or("http");
+    format!("{scheme}://{host}")
+}
+
+impl Endpoint for Mcp {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> poem::Result<Response> {
+        let path = req.uri().path().to_string();
+        Ok(match self.handle(req).await {
+            Ok(response) => response,
+            Err(problem) => problem.to_response(Some(&path)),
+        })
+    }
+}
+
+/// `GET /.well-known/oauth-protected-resource`: RFC 9728 metadata of the `/mcp`
+/// resource: where tokens come from (the configured issuer) and which scopes exist.
+pub fn metadata_endpoint(issuer: Option<String>) -> impl Endpoint {
+    poem::get(poem::endpoint::make_sync(move |req: Request| {
+        let mut metadata = json!({
+            "resource": format!("{}/mcp", base_url(&req)),
+            "scopes_supported": [SCOPE_READ, SCOPE_WRITE],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "orderd",
+        });
+        if let Some(issuer) = &issuer {
+            metadata["authorization_servers"] = json!([issuer]);
+        }
+        Response::builder()
+            .content_type("application/json")
+            .body(metadata.to_string())
+    }))
+}

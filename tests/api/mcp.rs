@@ -1,0 +1,390 @@
+//! `/mcp` through the official Rust MCP client (rmcp) over real HTTP: the tools, their
+//! schemas, and the same exactly-once guarantees as REST (docs/contract.md §9).
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use rmcp::{
+    ServiceExt,
+    model::{CallToolRequestParams, CallToolResult, JsonObject},
+    service::RunningService,
+    transport::{
+        StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
+    },
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::{TestApp, new_key, order_body, sample, spawn_app, spawn_app_with};
+
+type Client = RunningService<rmcp::RoleClient, ()>;
+
+/// An MCP session with orderd as the holder of `token`.
+async fn connect(app: &TestApp, token: &str) -> Client {
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base))
+        .auth_header(token.to_string());
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("the MCP handshake succeeds")
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments are an object")
+    };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args as JsonObject))
+        .await
+        .expect("a tool result, never a transport error")
+}
+
+fn text(result: &CallToolResult) -> String {
+    result.content[0]
+        .as_text()
+        .expect("text content")
+        .text
+        .clone()
+}
+
+/// The problem object of a refusal.
+fn problem(result: &CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(true), "{}", text(result));
+    serde_json::from_str(&text(result)).expect("the refusal text is a problem object")
+}
+
+fn structured(result: &CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(false), "{}", text(result));
+    result
+        .structured_content
+        .clone()
+        .expect("structured content")
+}
+
+fn request_id() -> String {
+    format!("mcp-{}", Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_are_listed_with_input_and_output_schemas() {
+    let app = spawn_app().await;
+    let client = connect(&app, &app.token(Uuid::new_v4())).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        ["create_order", "cancel_order", "get_order", "list_orders"]
+    );
+    for tool in &tools {
+        assert!(tool.output_schema.is_some(), "{}", tool.name);
+        assert!(
+            tool.description.as_ref().is_some_and(|d| d.len() > 40),
+            "{}",
+            tool.name
+        );
+        let input = Value::Object((*tool.input_schema).clone());
+        assert_eq!(input["additionalProperties"], false, "{}", tool.name);
+        if tool.name.ends_with("_order") && tool.name != "get_order" {
+            assert_eq!(
+                input["properties"]["requestId"]["pattern"],
+                "^[A-Za-z0-9_-]{16,128}$"
+            );
+            assert!(
+                input["required"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("requestId"))
+            );
+        }
+    }
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_invocations_with_one_request_id_make_exactly_one_order() {
+    let app = spawn_app().await;
+    let client = connect(&app, &app.token(Uuid::new_v4())).await;
+    let args = json!({"requestId": request_id(), "sku": "MCP-1", "quantity": 2});
+    let first = call(&client, "create_order", args.clone()).await;
+    let second = call(&client, "create_order", args).await;
+    assert_eq!(structured(&first), structured(&second));
+    assert!(text(&first).starts_with("Done"), "{}", text(&first));
+    assert!(text(&second).starts_with("Replayed"), "{}", text(&second));
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_call_and_a_tool_call_with_one_key_are_one_operation() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let key = new_key();
+    let rest = app.create(&token, &key, &order_body("BOTH-1", 3)).await;
+    assert_eq!(rest.status, 201);
+    let client = connect(&app, &token).await;
+    let tool = call(
+        &client,
+        "create_order",
+        json!({"requestId": key, "sku": "BOTH-1", "quantity": 3}),
+    )
+    .await;
+    assert_eq!(
+        structured(&tool),
+        rest.json(),
+        "the tool replays the REST answer"
+    );
+    assert!(text(&tool).starts_with("Replayed"));
+    // The same key with another request is the same 422 as over REST.
+    let other = call(
+        &client,
+        "create_order",
+        json!({"requestId": key, "sku": "BOTH-1", "quantity": 4}),
+    )
+    .await;
+    assert_eq!(problem(&other)["type"], "/problems/idempotency-key-reused");
+    assert_eq!(problem(&other)["status"], 422);
+    assert_eq!(app.count("orders").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_arguments_are_refused_as_tool_results_and_write_nothing() {
+    let app = spawn_app().await;
+    let client = connect(&app, &app.token(Uuid::new_v4())).await;
+    for (args, field) in [
+        (
+            json!({"requestId": "short", "sku": "A", "quantity": 1}),
+            "requestId",
+        ),
+        (
+            json!({"requestId": "\"quoted-but-not-here-0001\"", "sku": "A", "quantity": 1}),
+            "requestId",
+        ),
+        (json!({"sku": "A", "quantity": 1}), "requestId"),
+        (
+            json!({"requestId": request_id(), "sku": "A", "quantity": 0}),
+            "quantity",
+        ),
+        (
+            json!({"requestId": request_id(), "sku": "A", "quantity": 1, "price": 3}),
+            "price",
+        ),
+        (
+            json!({"requestId": request_id(), "sku": "A", "quantity": 1, "customer_ref": "a\u{0}b"}),
+            "customer_ref",
+        ),
+    ] {
+        let result = call(&client, "create_order", args.clone()).await;
+        let problem = problem(&result);
+        assert_eq!(problem["status"], 400, "{args}");
+        assert_eq!(problem["errors"][0]["field"], field, "{args}");
+    }
+    assert_eq!(
+        (
+            app.count("orders").await,
+            app.count("idempotency_record").await
+        ),
+        (0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_get_and_list_work_and_another_tenants_order_is_not_found() {
+    let app = spawn_app().await;
+    let client = connect(&app, &app.token(Uuid::new_v4())).await;
+    let created = structured(
+        &call(
+            &client,
+            "create_order",
+            json!({"requestId": request_id(), "sku": "T-1", "quantity": 1}),
+        )
+        .await,
+    );
+    let id = created["id"].as_str().unwrap();
+    let cancelled = structured(
+        &call(
+            &client,
+            "cancel_order",
+            json!({"requestId": request_id(), "order_id": id}),
+        )
+        .await,
+    );
+    assert_eq!(cancelled["status"], "CANCELLED");
+    let got = structured(&call(&client, "get_order", json!({"order_id": id})).await);
+    assert_eq!(got, cancelled);
+    let page = structured(&call(&client, "list_orders", json!({"limit": 10})).await);
+    assert_eq!(page["items"], json!([cancelled]));
+    assert_eq!(page["next"], Value::Null);
+
+    let stranger = connect(&app, &app.token(Uuid::new_v4())).await;
+    for (tool, args) in [
+        ("get_order", json!({"order_id": id})),
+        (
+            "cancel_order",
+            json!({"requestId": request_id(), "order_id": id}),
+        ),
+    ] {
+        assert_eq!(
+            problem(&call(&stranger, tool, args).await)["type"],
+            "/problems/not-found",
+            "{tool}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_can_read_but_not_create() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let reader = connect(&app, &app.token_with_scope(tenant, "orders:read")).await;
+    let refused = call(
+        &reader,
+        "create_order",
+        json!({"requestId": request_id(), "sku": "RO", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(problem(&refused)["type"], "/problems/forbidden");
+    assert!(call(&reader, "list_orders", json!({})).await.is_error == Some(false));
+    assert_eq!(app.count("idempotency_record").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_http_request_is_401_naming_the_resource_metadata() {
+    let app = spawn_app_with(&[("ORDERD_JWT_ISSUER", "https://issuer.example")]).await;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let refused = app
+        .client
+        .post(format!("{}/mcp", app.base))
+        .header("accept", "application/json, text/event-stream")
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let challenge = refused.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        challenge.starts_with(r#"Bearer error="invalid_token""#),
+        "{challenge}"
+    );
+    let metadata_url = challenge
+        .split("resource_metadata=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the challenge names the metadata");
+    let metadata: Value = reqwest::get(metadata_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metadata["resource"], format!("{}/mcp", app.base));
+    assert_eq!(
+        metadata["authorization_servers"],
+        json!(["https://issuer.example"])
+    );
+    assert_eq!(
+        metadata["scopes_supported"],
+        json!(["orders:read", "orders:write"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_origin_not_allowed_is_refused_403() {
+    let app = spawn_app_with(&[("ORDERD_MCP_ALLOWED_ORIGINS", "https://agents.example")]).await;
+    let token = app.token(Uuid::new_v4());
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let post = |origin: &'static str| {
+        app.client
+            .post(format!("{}/mcp", app.base))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .header("origin", origin)
+            .json(&initialize)
+            .send()
+    };
+    assert_eq!(post("https://evil.example").await.unwrap().status(), 403);
+    let allowed = post("https://agents.example").await.unwrap();
+    assert_eq!(allowed.status(), 200);
+    let body: Value = allowed.json().await.unwrap();
+    assert_eq!(body["result"]["protocolVersion"], "2025-06-18");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_tool_calls_with_one_request_id_make_one_order() {
+    let app = spawn_app().await;
+    let client = Arc::new(connect(&app, &app.token(Uuid::new_v4())).await);
+    let args = json!({"requestId": request_id(), "sku": "RACE-MCP", "quantity": 1});
+    let results = join_all((0..50).map(|_| {
+        let (client, args) = (client.clone(), args.clone());
+        async move { call(&client, "create_order", args).await }
+    }))
+    .await;
+    let mut ids = std::collections::BTreeSet::new();
+    for result in &results {
+        if result.is_error == Some(true) {
+            let problem = problem(result);
+            assert_eq!(problem["status"], 409, "{problem}");
+            assert!(
+                problem["retry_after"].as_u64().is_some_and(|s| s >= 1),
+                "{problem}"
+            );
+        } else {
+            ids.insert(structured(result)["id"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(ids.len(), 1, "every success names the same order");
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest() {
+    let app = spawn_app_with(&[
+        ("ORDERD_TENANT_RATE_PER_SEC", "1"),
+        ("ORDERD_TENANT_BURST", "2"),
+    ])
+    .await;
+    let created = |text: &str| {
+        sample(
+            text,
+            r#"idempotency_requests_total{endpoint="POST /v1/orders",outcome="created"}"#,
+        )
+        .unwrap_or(0.0)
+    };
+    let before = created(&orderd::metrics::install().render());
+    let token = app.token(Uuid::new_v4());
+    // Handshakes and listings are not tool calls: they cost nothing.
+    for _ in 0..4 {
+        let client = connect(&app, &token).await;
+        client.list_all_tools().await.unwrap();
+        client.cancel().await.unwrap();
+    }
+    let client = connect(&app, &token).await;
+    for _ in 0..2 {
+        let ok = call(
+            &client,
+            "create_order",
+            json!({"requestId": request_id(), "sku": "RL", "quantity": 1}),
+        )
+        .await;
+        assert_eq!(ok.is_error, Some(false), "{}", text(&ok));
+    }
+    let limited = call(
+        &client,
+        "create_order",
+        json!({"requestId": request_id(), "sku": "RL", "quantity": 1}),
+    )
+    .await;
+    let problem = problem(&limited);
+    assert_eq!(problem["type"], "/problems/rate-limited");
+    assert!(problem["retry_after"].as_u64().is_some_and(|s| s >= 1));
+    assert_eq!(app.count("idempotency_record").await, 2);
+    assert!(created(&orderd::metrics::install().render()) >= before + 2.0);
+}
