@@ -20,6 +20,7 @@ use std::{
 };
 
 use clap::{Parser, Subcommand, ValueEnum};
+use orderd::db::Db;
 use orderd::{
     config::Config,
     orders::{NewOrder, store},
@@ -30,7 +31,6 @@ use orderd::{
     },
     tenant::TenantId,
 };
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -122,14 +122,14 @@ fn config(database_url: &str, batch: u32) -> Config {
 }
 
 /// A migrated, empty database.
-async fn fresh(config: &Config) -> PgPool {
-    let pool = orderd::db::pool_of_size(config, 8).await.expect("database");
-    orderd::MIGRATOR.run(&pool).await.expect("migrations");
+async fn fresh(config: &Config) -> Db {
+    orderd::db::migrate(config).await.expect("migrations");
+    let db = orderd::db::db_of_size(config, 8).await.expect("database");
     sqlx::query("TRUNCATE orders, outbox_event, idempotency_record")
-        .execute(&pool)
+        .execute(db.pool())
         .await
         .expect("empty the tables");
-    pool
+    db
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -148,9 +148,11 @@ async fn latency(
     rate: u32,
     seconds: u32,
 ) {
-    let pool = fresh(&config).await;
+    let db = fresh(&config).await;
+    let pool = db.pool().clone();
     let stop = CancellationToken::new();
-    let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
+    let listen_on = orderd::db::direct_options(&config).expect("a URL");
+    let relay = Relay::new(db, listen_on, publisher, config.outbox.clone());
     let relay = if listen {
         relay
     } else {
@@ -211,7 +213,8 @@ async fn latency(
 
 /// Inserts `events` pending rows, then lets one relay drain them.
 async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let pool = fresh(&config).await;
+    let db = fresh(&config).await;
+    let pool = db.pool().clone();
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
          SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
@@ -226,7 +229,8 @@ async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
         .execute(&pool)
         .await
         .expect("analyze");
-    let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
+    let listen_on = orderd::db::direct_options(&config).expect("a URL");
+    let relay = Relay::new(db, listen_on, publisher, config.outbox.clone());
     let started = Instant::now();
     let mut published = 0usize;
     loop {

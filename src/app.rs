@@ -5,14 +5,13 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use poem::{EndpointExt, Server, listener::TcpAcceptor};
-use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::{
     api::{self, AppState, server::Limits},
     auth::{self, Verifier},
     config::{self, Config, bind_address},
-    db,
+    db::{self, Db},
     idempotency::Guard,
     outbox::{self, publisher::Publisher, relay::Relay, sns::SnsPublisher},
     retention::{self, Purges},
@@ -30,8 +29,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if config.migrate_on_start {
         db::migrate(&config).await?;
     }
-    let pool = db::pool(&config).await?;
-    Application::build(config, pool)
+    let db = db::connect_db(&config).await?;
+    Application::build(config, db)
         .await?
         .run_until(shutdown_signal())
         .await
@@ -41,8 +40,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 /// `/metrics` on `ORDERD_METRICS_BIND`, until SIGINT or SIGTERM.
 pub async fn relay(config: Config) -> anyhow::Result<()> {
     let publisher = sns_publisher(&config).await?;
-    let pool = db::pool(&config).await?;
-    run_relay(config, pool, publisher, shutdown_signal()).await
+    let db = db::connect_db(&config).await?;
+    run_relay(config, db, publisher, shutdown_signal()).await
 }
 
 /// The SNS publisher for `ORDERD_SNS_TOPIC_ARN`, through the AWS SDK's own chain.
@@ -59,7 +58,7 @@ pub struct Application {
     address: SocketAddr,
     /// `/metrics` apart from the API, when `ORDERD_METRICS_BIND` is set.
     metrics_listener: Option<(TcpListener, SocketAddr)>,
-    pool: PgPool,
+    db: Db,
     config: Config,
     verifier: Arc<Verifier>,
     /// Where the in-process relay publishes; `None` when `ORDERD_RELAY=off`.
@@ -69,19 +68,19 @@ pub struct Application {
 impl Application {
     /// Binds the listener (so the address is known before serving), checks the keys and,
     /// unless the relay is off, builds the SNS publisher.
-    pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
+    pub async fn build(config: Config, db: Db) -> anyhow::Result<Self> {
         let publisher = match config.relay_in_serve {
             true => Some(sns_publisher(&config).await?),
             false => None,
         };
-        Self::build_with_publisher(config, pool, publisher).await
+        Self::build_with_publisher(config, db, publisher).await
     }
 
     /// As [`Self::build`], with the relay's publisher given (tests point it at their
     /// own SNS endpoint).
     pub async fn build_with_publisher(
         config: Config,
-        pool: PgPool,
+        db: Db,
         publisher: Option<Arc<dyn Publisher>>,
     ) -> anyhow::Result<Self> {
         let verifier = Arc::new(Verifier::new(&config.jwt)?);
@@ -94,7 +93,7 @@ impl Application {
             listener,
             address,
             metrics_listener,
-            pool,
+            db,
             config,
             verifier,
             publisher,
@@ -114,22 +113,23 @@ impl Application {
     /// finish (up to a grace period) and stops the background jobs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let state = AppState {
-            pool: self.pool.clone(),
-            guard: Guard::new(
-                self.pool.clone(),
-                self.config.idempotency.clone(),
-                self.config.db_statement_timeout,
-            ),
+            db: self.db.clone(),
+            guard: Guard::new(self.db.clone(), self.config.idempotency.clone()),
         };
         let supervisor = Supervisor::new();
         let relay_runs = self.publisher.is_some();
         if let Some(publisher) = self.publisher {
-            let relay = Relay::new(self.pool.clone(), publisher, self.config.outbox.clone());
+            let relay = Relay::new(
+                self.db.clone(),
+                db::direct_options(&self.config)?,
+                publisher,
+                self.config.outbox.clone(),
+            );
             supervisor.spawn("relay", |token| relay.run(token));
         }
         spawn_common_jobs(
             &supervisor,
-            &self.pool,
+            &self.db,
             &self.config,
             Purges {
                 idempotency: true,
@@ -162,7 +162,7 @@ impl Application {
 /// The relay process's jobs with `publisher`, until `shutdown` resolves.
 pub async fn run_relay(
     config: Config,
-    pool: PgPool,
+    db: Db,
     publisher: Arc<dyn Publisher>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
@@ -175,11 +175,16 @@ pub async fn run_relay(
         }
         None => tracing::info!("ORDERD_METRICS_BIND is not set: the relay serves no metrics"),
     }
-    let relay = Relay::new(pool.clone(), publisher, config.outbox.clone());
+    let relay = Relay::new(
+        db.clone(),
+        db::direct_options(&config)?,
+        publisher,
+        config.outbox.clone(),
+    );
     supervisor.spawn("relay", |token| relay.run(token));
     spawn_common_jobs(
         &supervisor,
-        &pool,
+        &db,
         &config,
         Purges {
             idempotency: false,
@@ -231,15 +236,15 @@ fn limits(config: &Config) -> Limits {
 }
 
 /// The jobs every long-running process runs: the outbox gauges and its purges.
-fn spawn_common_jobs(supervisor: &Supervisor, pool: &PgPool, config: &Config, purges: Purges) {
-    let gauges_pool = pool.clone();
+fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: Purges) {
+    let gauges_db = db.clone();
     supervisor.spawn("outbox gauges", |token| {
-        outbox::gauges::run(gauges_pool, token)
+        outbox::gauges::run(gauges_db, token)
     });
-    let purge_pool = pool.clone();
+    let purge_db = db.clone();
     let interval = config.purge_interval;
     supervisor.spawn("retention purges", move |token| {
-        retention::run(purge_pool, interval, purges, token)
+        retention::run(purge_db, interval, purges, token)
     });
 }
 

@@ -124,8 +124,8 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 }
 
 async fn purge(config: Config) -> anyhow::Result<()> {
-    let pool = db::pool_of_size(&config, 2).await?;
-    let report = retention::purge_idempotency_once(&pool, retention::PURGE_BATCH).await?;
+    let db = db::db_of_size(&config, 2).await?;
+    let report = retention::purge_idempotency_once(&db, retention::PURGE_BATCH).await?;
     println!(
         "purged {} expired keys and {} abandoned claims",
         report.expired_keys, report.abandoned_claims
@@ -134,18 +134,22 @@ async fn purge(config: Config) -> anyhow::Result<()> {
 }
 
 async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Result<()> {
-    let pool = db::pool_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config, 2).await?;
     match command {
         OutboxCommand::Redrive { id: Some(id), .. } => {
-            let n = outbox::store::redrive_one(&pool, id).await?;
+            let n = db
+                .run(async |c| outbox::store::redrive_one(c, id).await)
+                .await?;
             println!("re-drove {n} dead events");
         }
         OutboxCommand::Redrive { id: None, .. } => {
-            let n = outbox::store::redrive_all_dead(&pool).await?;
+            let n = db
+                .run(async |c| outbox::store::redrive_all_dead(c).await)
+                .await?;
             println!("re-drove {n} dead events");
         }
         OutboxCommand::Stats => {
-            let stats = outbox::store::stats(&pool).await?;
+            let stats = db.run(async |c| outbox::store::stats(c).await).await?;
             println!("pending {}", stats.pending);
             println!(
                 "oldest_pending_age_seconds {:.3}",

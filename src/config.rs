@@ -60,7 +60,9 @@ pub use table::*;
 mod table {
     use super::{Kind, Setting, range};
 
-    setting!(DATABASE_URL, "DATABASE_URL", None, Kind::Secret, "PostgreSQL 14+ connection string (required)");
+    setting!(DATABASE_URL, "DATABASE_URL", None, Kind::Secret, "PostgreSQL 14+ connection string (required); may point at a transaction pooler (see `ORDERD_DB_POOLER`)");
+    setting!(DATABASE_DIRECT_URL, "ORDERD_DATABASE_DIRECT_URL", None, Kind::Secret, "a connection that is not behind a transaction pooler, for `LISTEN` and migrations; default `DATABASE_URL`");
+    setting!(DB_POOLER, "ORDERD_DB_POOLER", Some("none"), Kind::Choice(&["none", "transaction"]), "`transaction`: `DATABASE_URL` goes through a transaction pooler (PgBouncer in transaction mode): no startup parameters, no named prepared statements, every statement in a transaction");
     setting!(BIND, "ORDERD_BIND", Some("127.0.0.1:8080"), Kind::Bind, "HTTP listen address; `:0` picks a free loopback port (the bound address is logged)");
     setting!(METRICS_BIND, "ORDERD_METRICS_BIND", None, Kind::Bind, "when set, `/metrics` is served there and not on the API address; `orderd relay` serves `/metrics` and `/healthz` only there");
     setting!(MIGRATE, "ORDERD_MIGRATE", Some("on"), Kind::Switch, "`serve` applies pending migrations at start");
@@ -96,7 +98,7 @@ mod table {
 
     /// Every setting, in the order the README lists them.
     pub const SETTINGS: &[&Setting] = &[
-        &DATABASE_URL, &BIND, &METRICS_BIND, &MIGRATE,
+        &DATABASE_URL, &DATABASE_DIRECT_URL, &DB_POOLER, &BIND, &METRICS_BIND, &MIGRATE,
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
         &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
@@ -284,6 +286,10 @@ pub struct TenantLimits {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub database_url: Secret,
+    /// A session-capable connection (`LISTEN`, migrations); `database_url` by default.
+    pub database_direct_url: Secret,
+    /// Whether `database_url` goes through a transaction pooler.
+    pub db_pooler_transaction: bool,
     pub bind: String,
     pub migrate_on_start: bool,
     pub jwt: JwtConfig,
@@ -316,8 +322,13 @@ impl Config {
         let database_url = env.text(&DATABASE_URL).ok_or_else(|| {
             ConfigError::new("DATABASE_URL is required (a PostgreSQL connection string)")
         })?;
+        let database_direct_url = env
+            .text(&DATABASE_DIRECT_URL)
+            .unwrap_or(database_url.clone());
         let config = Config {
             database_url: Secret::new(database_url),
+            database_direct_url: Secret::new(database_direct_url),
+            db_pooler_transaction: env.choice(&DB_POOLER)? == "transaction",
             bind: env.bind(&BIND)?,
             migrate_on_start: env.switch(&MIGRATE)?,
             jwt: JwtConfig::from_lookup(lookup)?,

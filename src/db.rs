@@ -1,15 +1,35 @@
-//! The connection pool and the embedded migrations: every pool the process opens is
-//! built here, from configuration, so the configured size is the number of connections.
+//! The database: every pool the process opens is built here, from configuration, so
+//! the configured size is the number of connections; and the two ways statements reach
+//! PostgreSQL.
+//!
+//! Directly (the default), every connection starts with the statement timeouts and keeps
+//! its prepared statements. Behind a transaction pooler such as PgBouncer in transaction
+//! mode (`ORDERD_DB_POOLER=transaction`), a server connection belongs to a client only
+//! for one transaction, so: no startup parameters (the pooler refuses them), no named
+//! prepared statements (they would live on whichever server prepared them), and every
+//! statement inside an explicit transaction, because sqlx parses and executes in two
+//! round trips and the pooler would hand the second to another server between them
+//! (measured: 359 of 800 concurrent unnamed statements failed outside transactions, 0
+//! inside). `LISTEN` and migrations need a session: they use
+//! `ORDERD_DATABASE_DIRECT_URL`.
 
-use std::time::Duration;
+use std::{
+    ops::{Deref, DerefMut},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use sqlx::{
     Connection, PgConnection, PgPool, Postgres, Transaction,
     migrate::Migrator,
+    pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 
-use crate::config::Config;
+use crate::config::{Config, Secret};
 
 /// Every migration in `migrations/`, compiled into the binary so that `orderd serve`
 /// and `orderd migrate` need no files at run time.
@@ -19,43 +39,161 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 /// hanging.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The process's pool, `ORDERD_DB_POOL_SIZE` connections.
-pub async fn pool(config: &Config) -> anyhow::Result<PgPool> {
-    pool_of_size(config, config.db_pool_size).await
+/// Whether statements may be prepared by name and kept. True until a pool behind a
+/// transaction pooler is built in this process; then every statement is unnamed, which
+/// is always correct (only slower) on a direct connection too.
+static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
+
+/// Whether statements are prepared by name and cached (`query(...).persistent(...)`).
+pub fn named_statements() -> bool {
+    NAMED_STATEMENTS.load(Ordering::Relaxed)
 }
 
-/// A pool of `size` connections: the one-shot commands need only a couple.
+/// The process's database: the pool and how statements reach it.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+    /// Behind a transaction pooler: every statement in an explicit transaction.
+    pooled: bool,
+    /// `BEGIN` with the statement timeouts as `SET LOCAL`, one round trip.
+    begin: Arc<str>,
+}
+
+impl Db {
+    /// A database reached directly through `pool` (tests and tools).
+    pub fn direct(pool: PgPool, statement_timeout: Duration) -> Self {
+        Self {
+            pool,
+            pooled: false,
+            begin: begin_statement(statement_timeout).into(),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A connection for one or a few statements: a plain pooled connection directly,
+    /// a short transaction behind a pooler. Call [`Conn::done`] when finished.
+    pub async fn conn(&self) -> sqlx::Result<Conn> {
+        if self.pooled {
+            Ok(Conn::Tx(self.begin().await?))
+        } else {
+            Ok(Conn::Direct(self.pool.acquire().await?))
+        }
+    }
+
+    /// Runs `work` (a statement or a few) on a connection from [`Db::conn`].
+    pub async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
+    ) -> sqlx::Result<T> {
+        let mut conn = self.conn().await?;
+        let out = work(&mut conn).await?;
+        conn.done().await?;
+        Ok(out)
+    }
+
+    /// A transaction with the statement timeouts set for it.
+    pub async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
+        self.pool
+            .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
+            .await
+    }
+}
+
+/// A connection from [`Db::conn`].
+pub enum Conn {
+    Direct(PoolConnection<Postgres>),
+    Tx(Transaction<'static, Postgres>),
+}
+
+impl Conn {
+    /// Ends the connection's use: commits the transaction behind a pooler. Dropping a
+    /// `Conn` instead rolls that transaction back.
+    pub async fn done(self) -> sqlx::Result<()> {
+        match self {
+            Conn::Direct(_) => Ok(()),
+            Conn::Tx(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl Deref for Conn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Conn::Direct(conn) => conn,
+            Conn::Tx(tx) => tx,
+        }
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Conn::Direct(conn) => conn,
+            Conn::Tx(tx) => tx,
+        }
+    }
+}
+
+/// The process's database, `ORDERD_DB_POOL_SIZE` connections.
+pub async fn connect_db(config: &Config) -> anyhow::Result<Db> {
+    db_of_size(config, config.db_pool_size).await
+}
+
+/// A database of `size` connections: the one-shot commands need only a couple.
 ///
-/// Every connection starts with `statement_timeout` and
+/// Directly, every connection starts with `statement_timeout` and
 /// `idle_in_transaction_session_timeout` set to `ORDERD_DB_STATEMENT_TIMEOUT_MS`: a
 /// stalled statement (a lock, a stuck replica) is cancelled instead of holding its
-/// connection, its claim and its client until the lease runs out. Transactions also set
-/// both with `SET LOCAL` ([`begin`]), which is what a transaction pooler lets through.
-pub async fn pool_of_size(config: &Config, size: u32) -> anyhow::Result<PgPool> {
+/// connection, its claim and its client until the lease runs out. Behind a pooler the
+/// same limits come from `SET LOCAL` in every transaction (and, for a client other than
+/// orderd, from the role: see docs/scaling.md).
+pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
+    let pooled = config.db_pooler_transaction;
     let timeout = config.db_statement_timeout.as_millis().to_string();
-    let options = connect_options(config)?.options([
-        ("statement_timeout", timeout.as_str()),
-        ("idle_in_transaction_session_timeout", timeout.as_str()),
-    ]);
+    let mut options = connect_options(&config.database_url)?;
+    if pooled {
+        NAMED_STATEMENTS.store(false, Ordering::Relaxed);
+        options = options.statement_cache_capacity(0);
+    } else {
+        options = options.options([
+            ("statement_timeout", timeout.as_str()),
+            ("idle_in_transaction_session_timeout", timeout.as_str()),
+        ]);
+    }
     // One plain connection first: its error says what is wrong, where the pool's
     // would only say that it timed out.
-    let first = open(&options).await?;
+    let first = open(&options, "DATABASE_URL").await?;
     let _ = first.close().await;
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options.clone())
         .await
-        .map_err(|e| explain(e, &options))
+        .map_err(|e| explain(e, &options, "DATABASE_URL"))?;
+    Ok(Db {
+        pool,
+        pooled,
+        begin: begin_statement(config.db_statement_timeout).into(),
+    })
 }
 
-/// One connection, or a one-line error naming `DATABASE_URL` and what to check.
-async fn open(options: &PgConnectOptions) -> anyhow::Result<PgConnection> {
+/// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` needs).
+pub fn direct_options(config: &Config) -> anyhow::Result<PgConnectOptions> {
+    connect_options(&config.database_direct_url)
+}
+
+/// One connection, or a one-line error naming `variable` and what to check.
+async fn open(options: &PgConnectOptions, variable: &str) -> anyhow::Result<PgConnection> {
     match tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(options)).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(explain(e, options)),
+        Ok(Err(e)) => Err(explain(e, options, variable)),
         Err(_) => Err(anyhow::anyhow!(
-            "DATABASE_URL: no answer from {}:{} within {} s (the wrong host, or a firewall?)",
+            "{variable}: no answer from {}:{} within {} s (the wrong host, or a firewall?)",
             options.get_host(),
             options.get_port(),
             ACQUIRE_TIMEOUT.as_secs()
@@ -63,8 +201,8 @@ async fn open(options: &PgConnectOptions) -> anyhow::Result<PgConnection> {
     }
 }
 
-/// Turns a connection error into one line that names `DATABASE_URL` and what to check.
-fn explain(err: sqlx::Error, options: &PgConnectOptions) -> anyhow::Error {
+/// Turns a connection error into one line that names `variable` and what to check.
+fn explain(err: sqlx::Error, options: &PgConnectOptions, variable: &str) -> anyhow::Error {
     let (host, port) = (options.get_host(), options.get_port());
     let user = options.get_username();
     let database = options.get_database().unwrap_or(user);
@@ -89,13 +227,19 @@ fn explain(err: sqlx::Error, options: &PgConnectOptions) -> anyhow::Error {
         },
         other => other.to_string(),
     };
-    anyhow::anyhow!("DATABASE_URL: {why}")
+    anyhow::anyhow!("{variable}: {why}")
 }
 
-/// Applies pending migrations on a connection of their own, without the statement
-/// timeout (a migration may rightly take long).
+/// Applies pending migrations on a direct connection of their own (sqlx's migrator
+/// holds a session lock), without the statement timeout (a migration may rightly take
+/// long).
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let mut conn = open(&connect_options(config)?).await?;
+    let variable = if config.database_direct_url.expose() == config.database_url.expose() {
+        "DATABASE_URL"
+    } else {
+        "ORDERD_DATABASE_DIRECT_URL"
+    };
+    let mut conn = open(&connect_options(&config.database_direct_url)?, variable).await?;
     MIGRATOR
         .run(&mut conn)
         .await
@@ -104,8 +248,8 @@ pub async fn migrate(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn connect_options(config: &Config) -> anyhow::Result<PgConnectOptions> {
-    let url = config.database_url.expose();
+fn connect_options(url: &Secret) -> anyhow::Result<PgConnectOptions> {
+    let url = url.expose();
     let malformed = || {
         anyhow::anyhow!(
             "DATABASE_URL is not a PostgreSQL URL like postgres://user:password@host:5432/database"
@@ -135,20 +279,19 @@ pub fn begin_statement(statement_timeout: Duration) -> String {
     )
 }
 
-/// Begins a transaction with `statement` (see [`begin_statement`]).
-pub async fn begin(pool: &PgPool, statement: &str) -> sqlx::Result<Transaction<'static, Postgres>> {
-    pool.begin_with(sqlx::AssertSqlSafe(statement.to_string()))
-        .await
-}
-
 /// Whether the database answers a trivial query within two seconds (the readiness
 /// probe).
-pub async fn ping(pool: &PgPool) -> anyhow::Result<()> {
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query("SELECT 1").execute(pool),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("the database did not answer within 2 s"))??;
+pub async fn ping(db: &Db) -> anyhow::Result<()> {
+    let probe = async {
+        let mut conn = db.conn().await?;
+        sqlx::query("SELECT 1")
+            .persistent(named_statements())
+            .execute(&mut *conn)
+            .await?;
+        conn.done().await
+    };
+    tokio::time::timeout(Duration::from_secs(2), probe)
+        .await
+        .map_err(|_| anyhow::anyhow!("the database did not answer within 2 s"))??;
     Ok(())
 }

@@ -7,10 +7,9 @@
 
 use std::{future::Future, time::Duration};
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::{idempotency::store, outbox};
+use crate::{db::Db, idempotency::store, outbox};
 
 /// Rows deleted per statement.
 pub const PURGE_BATCH: i64 = 1000;
@@ -26,11 +25,14 @@ pub struct IdempotencyPurge {
 }
 
 /// One full pass over the idempotency records: batches until nothing more is due.
-pub async fn purge_idempotency_once(pool: &PgPool, batch: i64) -> sqlx::Result<IdempotencyPurge> {
+pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<IdempotencyPurge> {
     Ok(IdempotencyPurge {
-        expired_keys: in_batches(batch, || store::purge_expired(pool, batch)).await?,
+        expired_keys: in_batches(batch, || {
+            db.run(async |c| store::purge_expired(c, batch).await)
+        })
+        .await?,
         abandoned_claims: in_batches(batch, || {
-            store::purge_abandoned(pool, ABANDONED_GRACE_SECS, batch)
+            db.run(async |c| store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await)
         })
         .await?,
     })
@@ -38,14 +40,10 @@ pub async fn purge_idempotency_once(pool: &PgPool, batch: i64) -> sqlx::Result<I
 
 /// Deletes outbox rows published more than `retention` ago, in batches; never touches
 /// pending or DEAD rows. Returns how many went.
-pub async fn purge_outbox_once(
-    pool: &PgPool,
-    retention: Duration,
-    batch: i64,
-) -> sqlx::Result<u64> {
+pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let retention_secs = retention.as_secs() as i64;
     in_batches(batch, || {
-        outbox::store::purge_published(pool, retention_secs, batch)
+        db.run(async |c| outbox::store::purge_published(c, retention_secs, batch).await)
     })
     .await
 }
@@ -76,14 +74,14 @@ pub struct Purges {
 }
 
 /// Runs `purges` every `interval` until `shutdown`.
-pub async fn run(pool: PgPool, interval: Duration, purges: Purges, shutdown: CancellationToken) {
+pub async fn run(db: Db, interval: Duration, purges: Purges, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.cancelled() => return,
         }
         if let Some(retention) = purges.outbox_retention {
-            match purge_outbox_once(&pool, retention, PURGE_BATCH).await {
+            match purge_outbox_once(&db, retention, PURGE_BATCH).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "purged published outbox events"),
                 Err(e) => tracing::warn!(error = %e, "outbox purge failed; will retry"),
@@ -92,7 +90,7 @@ pub async fn run(pool: PgPool, interval: Duration, purges: Purges, shutdown: Can
         if !purges.idempotency {
             continue;
         }
-        match purge_idempotency_once(&pool, PURGE_BATCH).await {
+        match purge_idempotency_once(&db, PURGE_BATCH).await {
             Ok(report) if report != IdempotencyPurge::default() => {
                 tracing::info!(
                     expired_keys = report.expired_keys,

@@ -43,7 +43,7 @@ impl HealthApi {
         if !verifier.is_ready() {
             return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
         }
-        match db::ping(&state.pool).await {
+        match db::ping(&state.db).await {
             Ok(()) => ReadyResponse::Ready(PlainText("ready")),
             Err(why) => {
                 tracing::warn!(error = %why, "readiness probe failed");

@@ -24,15 +24,14 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use poem::{Endpoint, EndpointExt, Route, middleware::CatchPanic};
 use poem_openapi::{OpenApiService, Tags};
-use sqlx::PgPool;
 
 use self::limits::TenantLimiter;
-use crate::{auth::Verifier, config::Config, idempotency::Guard};
+use crate::{auth::Verifier, config::Config, db::Db, idempotency::Guard};
 
 /// What handlers share, handed to them as request data.
 #[derive(Clone)]
 pub struct AppState {
-    pub pool: PgPool,
+    pub db: Db,
     pub guard: Guard,
 }
 

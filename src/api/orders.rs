@@ -184,7 +184,10 @@ impl OrdersApi {
         id: Path<Uuid>,
     ) -> poem::Result<Documented<GetOrderResponse>> {
         auth.0.require(SCOPE_READ).map_err(Problem::from)?;
-        let found = orders::store::get(&state.pool, auth.0.tenant, id.0)
+        let tenant = auth.0.tenant;
+        let found = state
+            .db
+            .run(async |c| orders::store::get(c, tenant, id.0).await)
             .await
             .map_err(Problem::from)?;
         Ok(Documented(match found {
@@ -288,7 +291,9 @@ pub async fn list(
         .map(decode_cursor)
         .transpose()?;
     // One extra row tells whether a next page exists without a count query.
-    let mut items = orders::store::list(&state.pool, tenant, limit + 1, after)
+    let mut items = state
+        .db
+        .run(async |c| orders::store::list(c, tenant, limit + 1, after).await)
         .await
         .map_err(Problem::from)?;
     let next = if items.len() as i64 > limit {

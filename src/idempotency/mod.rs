@@ -13,9 +13,9 @@ pub mod fingerprint;
 pub mod key;
 pub mod store;
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use self::decide::{Step, decide, retry_after};
@@ -24,7 +24,7 @@ pub use self::{
     key::{IdempotencyKey, KeyError},
     store::{Scope, StoredResponse},
 };
-use crate::{config::IdempotencyConfig, db, metrics, metrics::Outcome, telemetry};
+use crate::{config::IdempotencyConfig, db::Db, metrics, metrics::Outcome, telemetry};
 
 /// The future an operation returns: it borrows the transaction it was handed.
 pub type TxFuture<'c, E> = Pin<Box<dyn Future<Output = Result<StoredResponse, E>> + Send + 'c>>;
@@ -63,10 +63,8 @@ pub struct Answer {
 /// Runs operations exactly once per `(tenant, endpoint, key)`.
 #[derive(Clone)]
 pub struct Guard {
-    pool: PgPool,
+    db: Db,
     config: IdempotencyConfig,
-    /// `BEGIN` with the statement timeouts, for the business transaction.
-    begin: Arc<str>,
 }
 
 /// What the claim step decided.
@@ -78,12 +76,8 @@ enum Claim {
 }
 
 impl Guard {
-    pub fn new(pool: PgPool, config: IdempotencyConfig, statement_timeout: Duration) -> Self {
-        Self {
-            pool,
-            config,
-            begin: db::begin_statement(statement_timeout).into(),
-        }
+    pub fn new(db: Db, config: IdempotencyConfig) -> Self {
+        Self { db, config }
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -135,7 +129,7 @@ impl Guard {
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
         let mut release = ReleaseOnDrop {
-            pool: self.pool.clone(),
+            db: self.db.clone(),
             scope: Some(scope.clone()),
             owner,
         };
@@ -163,14 +157,17 @@ impl Guard {
         loop {
             let owner = Uuid::new_v4();
             if !row_exists
-                && store::try_insert(&self.pool, scope, fingerprint, owner, lease_ms).await?
+                && self
+                    .db
+                    .run(async |c| store::try_insert(c, scope, fingerprint, owner, lease_ms).await)
+                    .await?
             {
                 return Ok(Claim::Owned {
                     owner,
                     outcome: Outcome::Created,
                 });
             }
-            let Some(record) = store::read(&self.pool, scope).await? else {
+            let Some(record) = self.db.run(async |c| store::read(c, scope).await).await? else {
                 // Released or purged since we looked: claim it afresh.
                 row_exists = false;
                 continue;
@@ -185,9 +182,13 @@ impl Guard {
                 }
                 Step::Reject => return Err(GuardError::KeyReused),
                 Step::Reclaim => {
-                    if store::reclaim_expired(&self.pool, scope, fingerprint, owner, lease_ms)
-                        .await?
-                    {
+                    let reclaimed = self
+                        .db
+                        .run(async |c| {
+                            store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
+                        })
+                        .await?;
+                    if reclaimed {
                         return Ok(Claim::Owned {
                             owner,
                             outcome: Outcome::Created,
@@ -195,11 +196,14 @@ impl Guard {
                     }
                 }
                 Step::TakeOver { seen_owner } => {
-                    if store::take_over_expired_lease(
-                        &self.pool, scope, seen_owner, owner, lease_ms,
-                    )
-                    .await?
-                    {
+                    let taken = self
+                        .db
+                        .run(async |c| {
+                            store::take_over_expired_lease(c, scope, seen_owner, owner, lease_ms)
+                                .await
+                        })
+                        .await?;
+                    if taken {
                         tracing::info!(
                             endpoint = %scope.endpoint,
                             "took over an expired idempotency lease"
@@ -235,7 +239,7 @@ impl Guard {
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, E> + Send,
     {
-        let mut tx = db::begin(&self.pool, &self.begin).await?;
+        let mut tx = self.db.begin().await?;
         let response = operation(&mut tx).await.map_err(GuardError::Operation)?;
         let ttl_secs = self.config.ttl.as_secs() as i64;
         if !store::complete(&mut tx, scope, owner, &response, ttl_secs).await? {
@@ -257,7 +261,7 @@ impl Guard {
 
 /// Deletes the claim if dropped while armed: covers errors, panics and cancellation.
 struct ReleaseOnDrop {
-    pool: PgPool,
+    db: Db,
     scope: Option<Scope>,
     owner: Uuid,
 }
@@ -273,10 +277,13 @@ impl Drop for ReleaseOnDrop {
         let Some(scope) = self.scope.take() else {
             return;
         };
-        let (pool, owner) = (self.pool.clone(), self.owner);
+        let (db, owner) = (self.db.clone(), self.owner);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                if let Err(e) = store::release(&pool, &scope, owner).await {
+                if let Err(e) = db
+                    .run(async |c| store::release(c, &scope, owner).await)
+                    .await
+                {
                     // The lease still expires, after which a retry takes the key over.
                     tracing::warn!(error = %e, "could not release an idempotency claim");
                 }

@@ -165,6 +165,7 @@ pub async fn try_insert(
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(CLAIM)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -179,6 +180,7 @@ pub async fn try_insert(
 /// Reads the record, if any (the replay lookup: one primary-key read).
 pub async fn read(db: impl PgExecutor<'_>, scope: &Scope) -> sqlx::Result<Option<Record>> {
     let row: Option<Row> = sqlx::query_as(READ)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -198,6 +200,7 @@ pub async fn take_over_expired_lease(
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(TAKE_OVER)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -219,6 +222,7 @@ pub async fn reclaim_expired(
     lease_ms: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(RECLAIM)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -240,6 +244,7 @@ pub async fn complete(
     ttl_secs: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(COMPLETE)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -257,6 +262,7 @@ pub async fn complete(
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.
 pub async fn release(db: impl PgExecutor<'_>, scope: &Scope, owner: Uuid) -> sqlx::Result<()> {
     sqlx::query(RELEASE)
+        .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
@@ -268,7 +274,11 @@ pub async fn release(db: impl PgExecutor<'_>, scope: &Scope, owner: Uuid) -> sql
 
 /// Deletes up to `batch` completed keys past retention; returns how many.
 pub async fn purge_expired(db: impl PgExecutor<'_>, batch: i64) -> sqlx::Result<u64> {
-    let done = sqlx::query(PURGE_EXPIRED).bind(batch).execute(db).await?;
+    let done = sqlx::query(PURGE_EXPIRED)
+        .persistent(crate::db::named_statements())
+        .bind(batch)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }
 
@@ -280,6 +290,7 @@ pub async fn purge_abandoned(
     batch: i64,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(PURGE_ABANDONED)
+        .persistent(crate::db::named_statements())
         .bind(grace_secs)
         .bind(batch)
         .execute(db)

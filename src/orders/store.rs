@@ -31,6 +31,7 @@ pub async fn create(
          VALUES ($1, $2, $3, $4, $5, 'CREATED', clock_timestamp(), clock_timestamp())
          RETURNING ", columns!(), ""
     ))
+        .persistent(crate::db::named_statements())
     .bind(tenant.0)
     .bind(Uuid::now_v7())
     .bind(&new.sku)
@@ -55,6 +56,7 @@ pub async fn cancel(
          WHERE tenant_id = $1 AND id = $2 AND status = 'CREATED'
          RETURNING ", columns!(), ""
     ))
+        .persistent(crate::db::named_statements())
     .bind(tenant.0)
     .bind(id)
     .fetch_optional(&mut *tx)
@@ -93,6 +95,7 @@ pub async fn get(
         columns!(),
         " FROM orders WHERE tenant_id = $1 AND id = $2"
     ))
+    .persistent(crate::db::named_statements())
     .bind(tenant.0)
     .bind(id)
     .fetch_optional(db)
@@ -132,6 +135,7 @@ pub async fn list(
     match after {
         None => {
             sqlx::query_as(LIST_FIRST)
+                .persistent(crate::db::named_statements())
                 .bind(tenant.0)
                 .bind(limit)
                 .fetch_all(db)
@@ -139,6 +143,7 @@ pub async fn list(
         }
         Some(after) => {
             sqlx::query_as(LIST_AFTER)
+                .persistent(crate::db::named_statements())
                 .bind(tenant.0)
                 .bind(after.created_at)
                 .bind(after.id)

@@ -3,19 +3,18 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::store;
-use crate::metrics;
+use crate::{db::Db, metrics};
 
 /// How often the gauges are refreshed.
 pub const INTERVAL: Duration = Duration::from_secs(2);
 
 /// Refreshes the gauges from start-up until `shutdown`.
-pub async fn run(pool: PgPool, shutdown: CancellationToken) {
+pub async fn run(db: Db, shutdown: CancellationToken) {
     loop {
-        match store::stats(&pool).await {
+        match db.run(async |c| store::stats(c).await).await {
             Ok(stats) => {
                 metrics::outbox_backlog(stats.pending, stats.oldest_pending_age_secs, stats.dead)
             }

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{PgPool, postgres::PgListener};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -25,7 +25,7 @@ use super::{
     publisher::{Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
-use crate::{config::OutboxConfig, metrics};
+use crate::{config::OutboxConfig, db::Db, metrics};
 
 /// The NOTIFY channel the `outbox_event` insert trigger signals.
 pub const CHANNEL: &str = "outbox_event";
@@ -47,7 +47,9 @@ pub struct Round {
 }
 
 pub struct Relay {
-    pool: PgPool,
+    db: Db,
+    /// A session of its own for `LISTEN` (not through a transaction pooler).
+    listen_on: PgConnectOptions,
     publisher: Arc<dyn Publisher>,
     config: OutboxConfig,
     backoff: Backoff,
@@ -61,13 +63,20 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(pool: PgPool, publisher: Arc<dyn Publisher>, config: OutboxConfig) -> Self {
+    /// A relay on `db`, listening for commits on a session opened with `listen_on`.
+    pub fn new(
+        db: Db,
+        listen_on: PgConnectOptions,
+        publisher: Arc<dyn Publisher>,
+        config: OutboxConfig,
+    ) -> Self {
         let backoff = Backoff {
             initial: config.backoff_initial,
             max: config.backoff_max,
         };
         Self {
-            pool,
+            db,
+            listen_on,
             publisher,
             config,
             backoff,
@@ -100,7 +109,7 @@ impl Relay {
     pub async fn run(self, shutdown: CancellationToken) {
         let listener = self.listen.then(|| {
             tokio::spawn(listen(
-                self.pool.clone(),
+                self.listen_on.clone(),
                 self.wake.clone(),
                 shutdown.clone(),
             ))
@@ -164,8 +173,12 @@ impl Relay {
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = self.claim_lease().as_millis() as i64;
         let claim = Uuid::new_v4();
-        let batch =
-            store::claim_due(&self.pool, self.config.batch_size as i64, lease_ms, claim).await?;
+        let batch = self
+            .db
+            .run(async |c| {
+                store::claim_due(c, self.config.batch_size as i64, lease_ms, claim).await
+            })
+            .await?;
         if batch.is_empty() {
             return Ok(Round::default());
         }
@@ -204,8 +217,12 @@ impl Relay {
         }
         // Mark published rows first: the sooner they are marked, the sooner the next
         // event of each order may go.
-        store::mark_published(&self.pool, &published, claim).await?;
-        store::mark_failed(&self.pool, &failures, claim).await?;
+        self.db
+            .run(async |c| {
+                store::mark_published(&mut *c, &published, claim).await?;
+                store::mark_failed(&mut *c, &failures, claim).await
+            })
+            .await?;
         if not_sent.is_empty() || !published.is_empty() {
             // SNS answers: whatever failed before is over.
             self.failed_rounds.store(0, Ordering::Relaxed);
@@ -214,7 +231,10 @@ impl Relay {
             // Back in line after the relay's pause, attempts untouched.
             let failed_rounds = self.failed_rounds.fetch_add(1, Ordering::Relaxed) + 1;
             let pause = self.backoff.next(failed_rounds);
-            store::put_back(&self.pool, &not_sent, claim, pause.as_millis() as i64).await?;
+            let pause_ms = pause.as_millis() as i64;
+            self.db
+                .run(async |c| store::put_back(c, &not_sent, claim, pause_ms).await)
+                .await?;
             round.pause = published.is_empty().then_some(pause);
         }
         round.published = published.len();
@@ -257,11 +277,15 @@ fn to_message(event: &PendingEvent) -> Message {
 
 /// Keeps a LISTEN connection and turns notifications into wake-ups. When the
 /// connection drops, the relay keeps polling while this reconnects with a backoff.
-async fn listen(pool: PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
+async fn listen(listen_on: PgConnectOptions, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut pause = Duration::from_millis(100);
     loop {
         let connected = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
+            // A one-connection pool of its own, on the direct (session) connection.
+            let session = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(listen_on.clone());
+            let mut listener = PgListener::connect_with(&session).await?;
             listener.listen(CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         };

@@ -6,7 +6,7 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while SNS answers.
 
-use sqlx::{PgExecutor, PgPool};
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use crate::metrics::EventType;
@@ -114,16 +114,17 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
 
 /// Claims up to `batch` due events (see [`CLAIM_DUE`]) and leases them for `lease_ms`.
 pub async fn claim_due(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Vec<PendingEvent>> {
     let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_DUE)
+        .persistent(crate::db::named_statements())
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     rows.into_iter()
         .map(|row| {
@@ -160,6 +161,7 @@ pub async fn mark_published(
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
     let done = sqlx::query(MARK_PUBLISHED)
+        .persistent(crate::db::named_statements())
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -178,6 +180,7 @@ pub async fn put_back(
 ) -> sqlx::Result<u64> {
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
     let done = sqlx::query(PUT_BACK)
+        .persistent(crate::db::named_statements())
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -221,6 +224,7 @@ pub async fn mark_failed(
         .map(|f| f.error.chars().take(2000).collect())
         .collect();
     let done = sqlx::query(MARK_FAILED)
+        .persistent(crate::db::named_statements())
         .bind(tenants)
         .bind(ids)
         .bind(attempts)
@@ -243,8 +247,10 @@ pub struct Stats {
 }
 
 pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
-    let (pending, oldest, dead): (i64, Option<f64>, i64) =
-        sqlx::query_as(STATS).fetch_one(db).await?;
+    let (pending, oldest, dead): (i64, Option<f64>, i64) = sqlx::query_as(STATS)
+        .persistent(crate::db::named_statements())
+        .fetch_one(db)
+        .await?;
     Ok(Stats {
         pending,
         oldest_pending_age_secs: oldest.unwrap_or(0.0).max(0.0),
@@ -254,13 +260,20 @@ pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).
 pub async fn redrive_one(db: impl PgExecutor<'_>, event_id: Uuid) -> sqlx::Result<u64> {
-    let done = sqlx::query(REDRIVE_ONE).bind(event_id).execute(db).await?;
+    let done = sqlx::query(REDRIVE_ONE)
+        .persistent(crate::db::named_statements())
+        .bind(event_id)
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }
 
 /// Puts every DEAD event back in line; returns how many.
 pub async fn redrive_all_dead(db: impl PgExecutor<'_>) -> sqlx::Result<u64> {
-    let done = sqlx::query(REDRIVE_ALL).execute(db).await?;
+    let done = sqlx::query(REDRIVE_ALL)
+        .persistent(crate::db::named_statements())
+        .execute(db)
+        .await?;
     Ok(done.rows_affected())
 }
 
@@ -271,6 +284,7 @@ pub async fn purge_published(
     batch: i64,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(PURGE_PUBLISHED)
+        .persistent(crate::db::named_statements())
         .bind(retention_secs)
         .bind(batch)
         .execute(db)

@@ -16,6 +16,7 @@ pub const APPEND: &str = "INSERT INTO outbox_event
 pub async fn append(tx: &mut PgConnection, event: &NewEvent) -> sqlx::Result<Uuid> {
     let event_id = Uuid::now_v7();
     sqlx::query(APPEND)
+        .persistent(crate::db::named_statements())
         .bind(event.tenant.0)
         .bind(event_id)
         .bind(event.aggregate_id)

@@ -350,7 +350,12 @@ async fn refused_entries_go_dead_after_the_attempt_limit_and_redrive_all_publish
     });
     let stop = tokio_util::sync::CancellationToken::new();
     let pool = orderd::db::connect(&db.url, 4).await.unwrap();
-    let relay = orderd::outbox::relay::Relay::new(pool, refusing.clone(), config.outbox.clone());
+    let relay = orderd::outbox::relay::Relay::new(
+        orderd::db::Db::direct(pool, Duration::from_secs(30)),
+        db.session_options(),
+        refusing.clone(),
+        config.outbox.clone(),
+    );
     let relay = tokio::spawn(relay.run(stop.clone()));
     let app = crate::support::spawn_app_on(db, &[]).await;
     let token = app.token(Uuid::new_v4());
@@ -534,8 +539,12 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
     let mut relays = Vec::new();
     for _ in 0..3 {
         let pool = orderd::db::connect(&db.url, 4).await.unwrap();
-        let relay =
-            orderd::outbox::relay::Relay::new(pool, observed.clone(), config.outbox.clone());
+        let relay = orderd::outbox::relay::Relay::new(
+            orderd::db::Db::direct(pool, Duration::from_secs(30)),
+            db.session_options(),
+            observed.clone(),
+            config.outbox.clone(),
+        );
         relays.push(tokio::spawn(relay.run(stop.clone())));
     }
     db.until_count(
@@ -741,7 +750,7 @@ async fn published_row_retention_deletes_in_batches_and_never_touches_pending_or
     .execute(&db.pool)
     .await
     .unwrap();
-    let deleted = orderd::retention::purge_outbox_once(&db.pool, Duration::from_secs(3600), 10)
+    let deleted = orderd::retention::purge_outbox_once(&db.direct(), Duration::from_secs(3600), 10)
         .await
         .unwrap();
     assert_eq!(deleted, 25);

@@ -44,7 +44,7 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
     seed(&db, 4, "PROCESSING", "0 seconds", "30 seconds").await; // in flight
 
     // A batch of 10 forces several rounds.
-    let report = purge_idempotency_once(&db.pool, 10).await.unwrap();
+    let report = purge_idempotency_once(&db.direct(), 10).await.unwrap();
     assert_eq!(
         report,
         IdempotencyPurge {
@@ -56,7 +56,7 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
     assert_eq!(count(&db, "PROCESSING").await, 7);
     // A second pass finds nothing.
     assert_eq!(
-        purge_idempotency_once(&db.pool, 10).await.unwrap(),
+        purge_idempotency_once(&db.direct(), 10).await.unwrap(),
         IdempotencyPurge::default()
     );
 }

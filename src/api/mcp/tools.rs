@@ -147,7 +147,12 @@ impl OrderTools {
                 let mut fields = args;
                 let id = order_id(&mut fields)?;
                 refuse_unknown(&fields)?;
-                match crate::orders::store::get(&self.state.pool, tenant, id).await? {
+                let found = self
+                    .state
+                    .db
+                    .run(async |c| crate::orders::store::get(c, tenant, id).await)
+                    .await?;
+                match found {
                     Some(order) => Ok(success(order_json(&order.into()), "The order.".into())),
                     None => Err(Problem::new(Kind::NotFound)
                         .with_detail(format!("order {id} does not exist"))),

@@ -123,8 +123,8 @@ async fn start(
         orderd::telemetry::init(false);
     }
     let config = settings(&db, overrides);
-    let pool = orderd::db::pool(&config).await.expect("app pool");
-    let app = Application::build_with_publisher(config, pool, publisher)
+    let database = orderd::db::connect_db(&config).await.expect("app database");
+    let app = Application::build_with_publisher(config, database, publisher)
         .await
         .expect("app builds");
     let address = app.address();

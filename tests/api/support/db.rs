@@ -77,6 +77,16 @@ fn url_with_database(admin: &str, name: &str) -> String {
 }
 
 impl TestDb {
+    /// The database as orderd's code takes it: directly, no pooler.
+    pub fn direct(&self) -> orderd::db::Db {
+        orderd::db::Db::direct(self.pool.clone(), Duration::from_secs(30))
+    }
+
+    /// A session of its own on this database (what the relay's LISTEN needs).
+    pub fn session_options(&self) -> PgConnectOptions {
+        PgConnectOptions::from_str(&self.url).expect("test URL parses")
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&self.pool)
