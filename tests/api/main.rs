@@ -18,5 +18,6 @@ mod openapi;
 mod orders;
 mod outbox;
 mod purge;
+mod scale_out;
 mod tenant_limits;
 mod validation;

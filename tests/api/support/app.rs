@@ -106,9 +106,18 @@ pub async fn spawn_publishing_app(
     topic_arn: &str,
     overrides: &[(&str, &str)],
 ) -> TestApp {
+    spawn_publishing_app_on(TestDb::new().await, endpoint, topic_arn, overrides).await
+}
+
+/// The same on a database the test prepared.
+pub async fn spawn_publishing_app_on(
+    db: TestDb,
+    endpoint: &str,
+    topic_arn: &str,
+    overrides: &[(&str, &str)],
+) -> TestApp {
     let mut all = vec![("ORDERD_RELAY", "on"), ("ORDERD_SNS_TOPIC_ARN", topic_arn)];
     all.extend_from_slice(overrides);
-    let db = TestDb::new().await;
     let config = settings(&db, &all);
     let publisher = super::sns::publisher(endpoint, topic_arn, &config).await;
     start(db, &all, Some(publisher)).await

@@ -4,13 +4,14 @@
 pub mod app;
 pub mod db;
 pub mod jwks_server;
+pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 pub mod sns;
 
 pub use app::{
     Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, settings,
-    spawn_app, spawn_app_on, spawn_app_with, spawn_publishing_app,
+    spawn_app, spawn_app_on, spawn_app_with, spawn_publishing_app, spawn_publishing_app_on, token,
 };
 pub use db::{TestDb, admin_url};
 pub use process::{KillOnDrop, ServeProcess, sample};
