@@ -14,6 +14,7 @@ use crate::{
     db::{self, Db},
     idempotency::Guard,
     outbox::{self, publisher::Publisher, relay::Relay, sns::SnsPublisher},
+    reconcile,
     retention::{self, Purges},
     supervisor::{Supervisor, shutdown_signal},
 };
@@ -136,6 +137,12 @@ impl Application {
                 outbox_retention: relay_runs.then_some(self.config.outbox.retention),
             },
         );
+        if let Some(interval) = self.config.reconcile_interval {
+            let (db, window) = (self.db.clone(), self.config.outbox.retention);
+            supervisor.spawn("reconciliation", move |token| {
+                reconcile::run(db, interval, window, token)
+            });
+        }
         let metrics_apart = self.metrics_listener.is_some();
         if let Some((listener, address)) = self.metrics_listener {
             tracing::info!(address = %address, "metrics listening");

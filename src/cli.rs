@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::{
     api, app, auth,
     config::{Config, JwtConfig},
-    db, outbox, retention, telemetry,
+    db, outbox, reconcile, retention, telemetry,
 };
 
 #[derive(Debug, Parser)]
@@ -36,6 +36,9 @@ pub enum Command {
     Migrate,
     /// Run one pass of the idempotency retention purge (expired keys, abandoned claims) and exit.
     Purge,
+    /// One reconciliation pass: orders without their event, stored successes without
+    /// their order; prints the findings and exits 1 when there is any.
+    Reconcile,
     /// Mint a development JWT signed with ORDERD_JWT_HS256_SECRET; prints only the token.
     Token {
         /// The tenant the token is for.
@@ -89,6 +92,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Relay => app::relay(configured()?).await,
         Command::Migrate => migrate(configured()?).await,
         Command::Purge => purge(configured()?).await,
+        Command::Reconcile => reconcile(configured()?).await,
         Command::Outbox { command } => outbox_command(configured()?, command).await,
         Command::Token {
             tenant,
@@ -129,6 +133,51 @@ async fn purge(config: Config) -> anyhow::Result<()> {
     println!(
         "purged {} expired keys and {} abandoned claims",
         report.expired_keys, report.abandoned_claims
+    );
+    Ok(())
+}
+
+async fn reconcile(config: Config) -> anyhow::Result<()> {
+    let db = db::db_of_size(&config, 2).await?;
+    let window = config.outbox.retention;
+    let started = std::time::Instant::now();
+    let report = reconcile::reconcile_once(&db, window, reconcile::RECONCILE_BATCH).await?;
+    println!(
+        "checked {} orders changed in the last {} s and {} completed keys in {:.2} s",
+        report.orders_checked,
+        window.as_secs(),
+        report.keys_checked,
+        started.elapsed().as_secs_f64()
+    );
+    println!("orders without event: {}", report.orders_without_event);
+    for order in &report.orders {
+        println!(
+            "  tenant {} order {} is {} but has no {}",
+            order.tenant_id,
+            order.order_id,
+            order.status,
+            order.missing_event()
+        );
+    }
+    println!("keys without order: {}", report.keys_without_order);
+    for key in &report.keys {
+        println!(
+            "  tenant {} {} Idempotency-Key {:?} answered a success naming a missing order",
+            key.tenant_id, key.endpoint, key.idem_key
+        );
+    }
+    let shown = report.orders.len() as u64 + report.keys.len() as u64;
+    if shown < report.orders_without_event + report.keys_without_order {
+        println!(
+            "  (the first {} of each kind are listed)",
+            reconcile::KEPT_FINDINGS
+        );
+    }
+    anyhow::ensure!(
+        report.clean(),
+        "reconciliation found {} orders without event and {} keys without order",
+        report.orders_without_event,
+        report.keys_without_order
     );
     Ok(())
 }

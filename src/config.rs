@@ -85,6 +85,7 @@ mod table {
     setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN and migrations)");
     setting!(DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle");
     setting!(PURGE_INTERVAL_SECS, "ORDERD_PURGE_INTERVAL_SECS", Some("60"), range(1, 86_400), "how often the retention purges run");
+    setting!(RECONCILE_INTERVAL_SECS, "ORDERD_RECONCILE_INTERVAL_SECS", Some("300"), range(0, 86_400), "how often `serve` reconciles orders, events and stored responses; `0` turns it off in this process (run it in one or a few)");
     setting!(LOG_FORMAT, "ORDERD_LOG_FORMAT", Some("text"), Kind::Choice(&["text", "json"]), "`json` for one JSON object per log line");
     setting!(RELAY, "ORDERD_RELAY", Some("on"), Kind::Switch, "`off`: `serve` runs no relay (run `orderd relay` elsewhere)");
     setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids");
@@ -103,7 +104,8 @@ mod table {
         &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &MCP_ALLOWED_ORIGINS,
-        &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &LOG_FORMAT,
+        &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
+        &LOG_FORMAT,
         &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
         &OUTBOX_BACKOFF_INITIAL_MS, &OUTBOX_BACKOFF_MAX_MS, &OUTBOX_PUBLISH_TIMEOUT_MS,
         &OUTBOX_RETENTION_SECS,
@@ -307,6 +309,8 @@ pub struct Config {
     pub db_statement_timeout: Duration,
     /// How often the retention purges run.
     pub purge_interval: Duration,
+    /// How often `serve` reconciles; `None` when off.
+    pub reconcile_interval: Option<Duration>,
 }
 
 impl Config {
@@ -374,6 +378,8 @@ impl Config {
             db_pool_size: env.number(&DB_POOL_SIZE)? as u32,
             db_statement_timeout: env.millis(&DB_STATEMENT_TIMEOUT_MS)?,
             purge_interval: env.secs(&PURGE_INTERVAL_SECS)?,
+            reconcile_interval: Some(env.secs(&RECONCILE_INTERVAL_SECS)?)
+                .filter(|interval| !interval.is_zero()),
         };
         if config.idempotency.inflight_wait >= config.idempotency.lease {
             return Err(ConfigError::new(format!(

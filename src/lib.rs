@@ -26,6 +26,8 @@ pub mod metrics;
 pub mod orders;
 /// The transactional outbox: event format, writer, relay, SNS publisher.
 pub mod outbox;
+/// Reconciliation: every recent order has its event, every stored success its order.
+pub mod reconcile;
 /// Retention purges of idempotency records and published events.
 pub mod retention;
 /// Background jobs under one cancellation token.

@@ -24,6 +24,9 @@ pub const OUTBOX_LAG: &str = "outbox_publish_lag_seconds";
 pub const HTTP_REQUESTS: &str = "http_requests_total";
 pub const HTTP_DURATION: &str = "http_request_duration_seconds";
 pub const RATE_LIMITED: &str = "rate_limited_requests_total";
+pub const RECONCILE_ORDERS: &str = "reconcile_orders_without_event";
+pub const RECONCILE_KEYS: &str = "reconcile_keys_without_order";
+pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
 
 /// Declares a label enum with its wire spelling and the `ALL` list used to export every
 /// series at zero from start-up.
@@ -220,6 +223,19 @@ fn describe() {
         RATE_LIMITED,
         "Requests refused by a tenant's rate or in-flight limit, by route template"
     );
+    describe_gauge!(
+        RECONCILE_ORDERS,
+        "Orders changed within the outbox retention whose current state has no event, at the last reconciliation"
+    );
+    describe_gauge!(
+        RECONCILE_KEYS,
+        "Completed idempotency keys whose stored success names a missing order, at the last reconciliation"
+    );
+    describe_gauge!(
+        RECONCILE_LAST_RUN,
+        Unit::Seconds,
+        "Unix time the last reconciliation pass of this process finished; 0 before the first"
+    );
 }
 
 fn zero() {
@@ -241,6 +257,9 @@ fn zero() {
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
     gauge!(OUTBOX_DEAD).set(0.0);
+    gauge!(RECONCILE_ORDERS).set(0.0);
+    gauge!(RECONCILE_KEYS).set(0.0);
+    gauge!(RECONCILE_LAST_RUN).set(0.0);
     // Registering the histograms makes them (empty) part of every scrape.
     let _ = histogram!(OUTBOX_LAG);
 }
@@ -268,6 +287,13 @@ pub fn outbox_backlog(pending: i64, oldest_pending_age_secs: f64, dead: i64) {
     gauge!(OUTBOX_PENDING).set(pending as f64);
     gauge!(OUTBOX_OLDEST_AGE).set(oldest_pending_age_secs);
     gauge!(OUTBOX_DEAD).set(dead as f64);
+}
+
+/// The outcome of a reconciliation pass that finished at `now` (Unix seconds).
+pub fn reconciled(orders_without_event: u64, keys_without_order: u64, now: f64) {
+    gauge!(RECONCILE_ORDERS).set(orders_without_event as f64);
+    gauge!(RECONCILE_KEYS).set(keys_without_order as f64);
+    gauge!(RECONCILE_LAST_RUN).set(now);
 }
 
 pub fn http_request(method: &str, route: Route, status: u16, seconds: f64) {

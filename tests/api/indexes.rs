@@ -3,7 +3,8 @@
 //! big enough that the planner would rather not scan them.
 
 use orderd::{
-    idempotency::store as idem, metrics::Endpoint, orders::store as orders, outbox::store as outbox,
+    idempotency::store as idem, metrics::Endpoint, orders::store as orders,
+    outbox::store as outbox, reconcile,
 };
 use sqlx::{Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
@@ -47,7 +48,11 @@ async fn seeded() -> TestDb {
          SELECT ('00000000-0000-0000-0000-0000000000' || lpad((g % 50)::text, 2, '0'))::uuid, gen_random_uuid(), 'S', 1, 'CREATED',
                 now() - g * interval '1 second', now()
          FROM generate_series(1, 20000) g;
-         ANALYZE idempotency_record; ANALYZE orders;",
+         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+                                   occurred_at, next_attempt_at, status, published_at)
+         SELECT tenant_id, gen_random_uuid(), id, 1, 'OrderCreated', '{}', now(), now(), 'PUBLISHED', now()
+         FROM orders;
+         ANALYZE idempotency_record; ANALYZE orders; ANALYZE outbox_event;",
     )
     .execute(&db.pool)
     .await
@@ -125,6 +130,34 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     })
     .await;
     assert!(after.contains("orders_tenant_newest"), "{after}");
+
+    let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+    let orders = plan(&db, reconcile::ORDERS_BATCH_SQL, |q| {
+        q.bind(86_400f64)
+            .bind(epoch)
+            .bind(Uuid::nil())
+            .bind(Uuid::nil())
+            .bind(1000i64)
+    })
+    .await;
+    assert!(
+        orders.contains("Index Scan using orders_updated"),
+        "{orders}"
+    );
+    assert!(
+        orders.contains("outbox_event_tenant_id_aggregate_id_aggregate_seq_key"),
+        "{orders}"
+    );
+    let keys = plan(&db, reconcile::KEYS_BATCH_SQL, |q| {
+        q.bind(epoch)
+            .bind(Uuid::nil())
+            .bind("")
+            .bind("")
+            .bind(1000i64)
+    })
+    .await;
+    assert!(keys.contains("idempotency_record_expired"), "{keys}");
+    assert!(keys.contains("orders_pkey"), "{keys}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ mod openapi;
 mod orders;
 mod outbox;
 mod purge;
+mod reconcile;
 mod scale_out;
 mod tenant_limits;
 mod validation;

@@ -1,0 +1,11 @@
+-- no-transaction
+-- Reconciliation walks the orders changed within the outbox retention window in
+-- keyset order (updated_at, tenant_id, id), one bounded batch at a time; this index
+-- makes each batch a range scan instead of a sort of the whole table.
+--
+-- Expand-only and online: CONCURRENTLY builds the index without blocking writes, so
+-- the previous release keeps serving while this runs. It cannot run inside a
+-- transaction (hence the first line) and must be the file's only statement. Should
+-- the build fail midway, PostgreSQL leaves an INVALID index that IF NOT EXISTS would
+-- then skip: `DROP INDEX CONCURRENTLY orders_updated;` and run the migration again.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS orders_updated ON orders (updated_at, tenant_id, id);

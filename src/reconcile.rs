@@ -1,0 +1,273 @@
+//! Reconciliation: an audit, outside the request path, of the promise that every
+//! committed change has its event and every stored success names a real order.
+//!
+//! Each order and its event commit in one transaction, so a finding means something
+//! went around the code (a manual `DELETE`, a restore of one table but not the other,
+//! a bug). The check reads only, in bounded keyset batches on indexes, each batch one
+//! short statement, so it never holds locks or a long snapshot.
+//!
+//! Orders are checked only while their last change is younger than the outbox
+//! retention: older events may rightly have been purged. The check looks for the event
+//! of the order's current state (`aggregate_seq = version`, the type its status
+//! implies) in any outbox status: PENDING and DEAD events exist, and have their own
+//! alerts.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::{db::Db, metrics};
+
+/// Rows read per statement.
+pub const RECONCILE_BATCH: i64 = 1000;
+/// Findings of each kind kept (and logged) per pass; the counts are always complete.
+pub const KEPT_FINDINGS: usize = 100;
+
+/// One page of orders changed within the window, after the keyset cursor, each with
+/// whether the event of its current state is missing. The event is looked up per
+/// order through a `LATERAL ... LIMIT 1`, which the planner cannot turn into a hash of
+/// the whole outbox (it did, for `NOT EXISTS`, on a small table).
+pub const ORDERS_BATCH_SQL: &str = "
+    SELECT o.tenant_id, o.id, o.status, o.updated_at, e.found IS NULL AS missing
+      FROM (SELECT tenant_id, id, status, version, updated_at
+              FROM orders
+             WHERE updated_at > now() - make_interval(secs => $1)
+               AND (updated_at, tenant_id, id) > ($2, $3, $4)
+             ORDER BY updated_at, tenant_id, id
+             LIMIT $5) o
+      LEFT JOIN LATERAL (
+          SELECT true AS found FROM outbox_event e
+           WHERE e.tenant_id = o.tenant_id AND e.aggregate_id = o.id
+             AND e.aggregate_seq = o.version
+             AND e.event_type = CASE o.status WHEN 'CREATED' THEN 'OrderCreated'
+                                              ELSE 'OrderCancelled' END
+           LIMIT 1
+      ) e ON true
+     ORDER BY o.updated_at, o.tenant_id, o.id";
+
+/// One page of completed keys after the keyset cursor, each with whether its stored
+/// 2xx response names an order (by the body's `id`) that does not exist. Walks the
+/// index the expiry purge uses; non-2xx answers name no order and are never findings.
+pub const KEYS_BATCH_SQL: &str = "
+    SELECT r.tenant_id, r.endpoint, r.idem_key, r.expires_at,
+           r.response_status BETWEEN 200 AND 299 AND o.found IS NULL AS missing
+      FROM (SELECT tenant_id, endpoint, idem_key, expires_at, response_status,
+                   CASE WHEN response_status BETWEEN 200 AND 299
+                        THEN convert_from(response_body, 'UTF8')::jsonb ->> 'id' END AS order_id
+              FROM idempotency_record
+             WHERE state = 'COMPLETED'
+               AND (expires_at, tenant_id, endpoint, idem_key) > ($1, $2, $3, $4)
+             ORDER BY expires_at, tenant_id, endpoint, idem_key
+             LIMIT $5) r
+      LEFT JOIN LATERAL (
+          SELECT true AS found FROM orders o
+           WHERE o.tenant_id = r.tenant_id
+             AND o.id = CASE WHEN r.order_id ~ '^[0-9a-fA-F-]{36}$' THEN r.order_id::uuid END
+           LIMIT 1
+      ) o ON true
+     ORDER BY r.expires_at, r.tenant_id, r.endpoint, r.idem_key";
+
+/// An order whose current state has no event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderWithoutEvent {
+    pub tenant_id: Uuid,
+    pub order_id: Uuid,
+    pub status: String,
+}
+
+impl OrderWithoutEvent {
+    /// The event type the order's status calls for.
+    pub fn missing_event(&self) -> &'static str {
+        if self.status == "CREATED" {
+            "OrderCreated"
+        } else {
+            "OrderCancelled"
+        }
+    }
+}
+
+/// A completed key whose stored success names no existing order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyWithoutOrder {
+    pub tenant_id: Uuid,
+    pub endpoint: String,
+    pub idem_key: String,
+}
+
+/// What one pass found: complete counts, and the first [`KEPT_FINDINGS`] of each kind.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub orders_checked: u64,
+    pub keys_checked: u64,
+    pub orders_without_event: u64,
+    pub keys_without_order: u64,
+    pub orders: Vec<OrderWithoutEvent>,
+    pub keys: Vec<KeyWithoutOrder>,
+}
+
+impl Report {
+    /// Whether anything is wrong.
+    pub fn clean(&self) -> bool {
+        self.orders_without_event == 0 && self.keys_without_order == 0
+    }
+}
+
+/// One full pass: every order changed within `window`, every completed key.
+pub async fn reconcile_once(db: &Db, window: Duration, batch: i64) -> sqlx::Result<Report> {
+    let mut report = Report::default();
+    check_orders(db, window, batch, &mut report).await?;
+    check_keys(db, batch, &mut report).await?;
+    Ok(report)
+}
+
+/// The keyset walk over orders. The cursor starts at the epoch: no order is older.
+async fn check_orders(
+    db: &Db,
+    window: Duration,
+    batch: i64,
+    report: &mut Report,
+) -> sqlx::Result<()> {
+    let window_secs = window.as_secs_f64();
+    let mut cursor = (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil(), Uuid::nil());
+    loop {
+        let after = cursor;
+        let rows = db
+            .run(async |c: &mut PgConnection| {
+                sqlx::query_as::<_, (Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL)
+                    .persistent(crate::db::named_statements())
+                    .bind(window_secs)
+                    .bind(after.0)
+                    .bind(after.1)
+                    .bind(after.2)
+                    .bind(batch)
+                    .fetch_all(c)
+                    .await
+            })
+            .await?;
+        for (tenant_id, order_id, status, _, missing) in &rows {
+            report.orders_checked += 1;
+            if *missing {
+                report.orders_without_event += 1;
+                if report.orders.len() < KEPT_FINDINGS {
+                    report.orders.push(OrderWithoutEvent {
+                        tenant_id: *tenant_id,
+                        order_id: *order_id,
+                        status: status.clone(),
+                    });
+                }
+            }
+        }
+        match rows.last() {
+            Some((tenant, id, _, updated_at, _)) if rows.len() as i64 == batch => {
+                cursor = (*updated_at, *tenant, *id);
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// The keyset walk over completed keys.
+async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()> {
+    let mut cursor = (
+        DateTime::<Utc>::UNIX_EPOCH,
+        Uuid::nil(),
+        String::new(),
+        String::new(),
+    );
+    loop {
+        let after = cursor.clone();
+        let rows = db
+            .run(async |c: &mut PgConnection| {
+                sqlx::query_as::<_, (Uuid, String, String, DateTime<Utc>, bool)>(KEYS_BATCH_SQL)
+                    .persistent(crate::db::named_statements())
+                    .bind(after.0)
+                    .bind(after.1)
+                    .bind(&after.2)
+                    .bind(&after.3)
+                    .bind(batch)
+                    .fetch_all(c)
+                    .await
+            })
+            .await?;
+        for (tenant_id, endpoint, idem_key, _, missing) in &rows {
+            report.keys_checked += 1;
+            if *missing {
+                report.keys_without_order += 1;
+                if report.keys.len() < KEPT_FINDINGS {
+                    report.keys.push(KeyWithoutOrder {
+                        tenant_id: *tenant_id,
+                        endpoint: endpoint.clone(),
+                        idem_key: idem_key.clone(),
+                    });
+                }
+            }
+        }
+        match rows.last() {
+            Some((tenant, endpoint, key, expires_at, _)) if rows.len() as i64 == batch => {
+                cursor = (*expires_at, *tenant, endpoint.clone(), key.clone());
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Logs the kept findings (ids, never bodies) and sets the gauges.
+fn publish(report: &Report) {
+    for order in &report.orders {
+        tracing::error!(
+            tenant = %order.tenant_id,
+            order_id = %order.order_id,
+            status = %order.status,
+            missing_event = order.missing_event(),
+            "reconciliation: an order has no event for its current state"
+        );
+    }
+    for key in &report.keys {
+        tracing::error!(
+            tenant = %key.tenant_id,
+            endpoint = %key.endpoint,
+            idempotency_key = %key.idem_key,
+            "reconciliation: a stored success names an order that does not exist"
+        );
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    metrics::reconciled(report.orders_without_event, report.keys_without_order, now);
+}
+
+/// Reconciles every `interval` until `shutdown`, the first pass soon after start (a few
+/// seconds in, so that several processes started together do not all run at once).
+pub async fn run(db: Db, interval: Duration, window: Duration, shutdown: CancellationToken) {
+    let mut wait = Duration::from_millis(rand::random_range(1_000..10_000)).min(interval);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        wait = interval;
+        let started = std::time::Instant::now();
+        let pass = tokio::select! {
+            pass = reconcile_once(&db, window, RECONCILE_BATCH) => pass,
+            _ = shutdown.cancelled() => return,
+        };
+        match pass {
+            Ok(report) => {
+                publish(&report);
+                tracing::info!(
+                    orders_checked = report.orders_checked,
+                    keys_checked = report.keys_checked,
+                    orders_without_event = report.orders_without_event,
+                    keys_without_order = report.keys_without_order,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "reconciliation pass"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "reconciliation pass failed; will retry"),
+        }
+    }
+}
