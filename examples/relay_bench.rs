@@ -176,7 +176,10 @@ async fn latency(
         let (pool, new) = (pool.clone(), new.clone());
         writers.spawn(async move {
             let mut tx = pool.begin().await.expect("begin");
-            store::create(&mut tx, tenant, &new).await.expect("create");
+            let at = orderd::db::now(&mut tx).await.expect("clock");
+            store::create(&mut tx, tenant, &new, at)
+                .await
+                .expect("create");
             tx.commit().await.expect("commit");
         });
     }

@@ -73,6 +73,7 @@ mod table {
     setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it");
     setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
     setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
+    setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("16777216"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip (least recently used go first); `0` turns the cache off");
     setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
     setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed");
@@ -101,7 +102,7 @@ mod table {
     pub const SETTINGS: &[&Setting] = &[
         &DATABASE_URL, &DATABASE_DIRECT_URL, &DB_POOLER, &BIND, &METRICS_BIND, &MIGRATE,
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
-        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS,
+        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
@@ -237,6 +238,8 @@ pub struct IdempotencyConfig {
     pub lease: Duration,
     /// How long a duplicate of an in-flight request waits for it before answering 409.
     pub inflight_wait: Duration,
+    /// Bytes of completed responses kept in memory for replays; 0: none.
+    pub replay_cache_bytes: u64,
 }
 
 /// Settings of the outbox relay (parsed here so that a typo fails at start).
@@ -340,6 +343,7 @@ impl Config {
                 ttl: env.secs(&IDEMPOTENCY_TTL_SECS)?,
                 lease: env.secs(&LEASE_SECS)?,
                 inflight_wait: env.millis(&INFLIGHT_WAIT_MS)?,
+                replay_cache_bytes: env.number(&REPLAY_CACHE_BYTES)?,
             },
             relay_in_serve: env.switch(&RELAY)?,
             outbox: OutboxConfig {

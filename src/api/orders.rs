@@ -238,9 +238,9 @@ pub async fn create(
     };
     let answer = state
         .guard
-        .run(&scope, create_fingerprint(&new), move |tx| {
+        .run(&scope, create_fingerprint(&new), move |tx, at| {
             Box::pin(async move {
-                let order = orders::store::create(tx, tenant, &new).await?;
+                let order = orders::store::create(tx, tenant, &new, at).await?;
                 let location = format!("/v1/orders/{}", order.id);
                 render(CreateOrderResponse::Created(Json(order.into()), location)).await
             })
@@ -263,7 +263,7 @@ pub async fn cancel(
     };
     let answer = state
         .guard
-        .run(&scope, cancel_fingerprint(id), move |tx| {
+        .run(&scope, cancel_fingerprint(id), move |tx, _| {
             Box::pin(async move {
                 let response = match orders::store::cancel(tx, tenant, id).await? {
                     CancelOutcome::Cancelled(order) | CancelOutcome::AlreadyCancelled(order) => {

@@ -8,17 +8,27 @@
 //! orders and nothing of HTTP: the REST handlers and the MCP tools call it alike, so a
 //! tool call and a REST call with the same key are one operation.
 
+pub mod cache;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
 pub mod store;
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    time::{Duration, Instant},
+};
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use self::decide::{Step, decide, retry_after};
+use self::{
+    cache::{Lookup, ReplayCache},
+    decide::{Step, decide, retry_after},
+    store::ClaimOrRead,
+};
 pub use self::{
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyError},
@@ -65,23 +75,32 @@ pub struct Answer {
 pub struct Guard {
     db: Db,
     config: IdempotencyConfig,
+    cache: ReplayCache,
 }
 
 /// What the claim step decided.
 enum Claim {
-    /// This request owns the key (with the outcome to count when it completes).
-    Owned { owner: Uuid, outcome: Outcome },
+    /// This request owns the key since `at` (the database's clock), with the outcome to
+    /// count when it completes.
+    Owned {
+        owner: Uuid,
+        outcome: Outcome,
+        at: DateTime<Utc>,
+    },
     /// Answer with a stored response.
     Replay(StoredResponse),
 }
 
 impl Guard {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
-        Self { db, config }
+        let cache = ReplayCache::new(config.replay_cache_bytes);
+        Self { db, config, cache }
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
-    /// same stored response. `fingerprint` identifies the request's effect.
+    /// same stored response. `fingerprint` identifies the request's effect. The
+    /// operation gets the transaction and the database's clock at the moment this
+    /// request came to own the key (the time of the change it makes).
     pub async fn run<E, F>(
         &self,
         scope: &Scope,
@@ -89,7 +108,7 @@ impl Guard {
         operation: F,
     ) -> Result<Answer, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, E> + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let result = self.run_inner(scope, &fingerprint, operation).await;
         let outcome = match &result {
@@ -114,9 +133,22 @@ impl Guard {
         operation: F,
     ) -> Result<(Answer, Outcome), GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, E> + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
-        let (owner, outcome) = match self.claim(scope, fingerprint).await? {
+        // A completed record never changes until it expires: a retry the cache knows
+        // is answered (or refused) without touching the database.
+        match self.cache.lookup(scope, fingerprint, Instant::now()) {
+            Lookup::Replay(response) => {
+                let answer = Answer {
+                    response,
+                    replayed: true,
+                };
+                return Ok((answer, Outcome::Replayed));
+            }
+            Lookup::Conflict => return Err(GuardError::KeyReused),
+            Lookup::Miss => {}
+        }
+        let (owner, outcome, at) = match self.claim(scope, fingerprint).await? {
             Claim::Replay(response) => {
                 let answer = Answer {
                     response,
@@ -124,7 +156,7 @@ impl Guard {
                 };
                 return Ok((answer, Outcome::Replayed));
             }
-            Claim::Owned { owner, outcome } => (owner, outcome),
+            Claim::Owned { owner, outcome, at } => (owner, outcome, at),
         };
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
@@ -133,7 +165,9 @@ impl Guard {
             scope: Some(scope.clone()),
             owner,
         };
-        let response = self.execute(scope, owner, operation).await?;
+        let response = self
+            .execute(scope, fingerprint, owner, at, operation)
+            .await?;
         release.disarm();
         let answer = Answer {
             response,
@@ -156,18 +190,34 @@ impl Guard {
         let mut row_exists = false;
         loop {
             let owner = Uuid::new_v4();
-            if !row_exists
-                && self
+            let sent = Instant::now();
+            let found = if row_exists {
+                self.db.run(async |c| store::read(c, scope).await).await?
+            } else {
+                match self
                     .db
-                    .run(async |c| store::try_insert(c, scope, fingerprint, owner, lease_ms).await)
+                    .run(async |c| {
+                        store::claim_or_read(c, scope, fingerprint, owner, lease_ms).await
+                    })
                     .await?
-            {
-                return Ok(Claim::Owned {
-                    owner,
-                    outcome: Outcome::Created,
-                });
-            }
-            let Some(record) = self.db.run(async |c| store::read(c, scope).await).await? else {
+                {
+                    ClaimOrRead::Claimed { at } => {
+                        return Ok(Claim::Owned {
+                            owner,
+                            outcome: Outcome::Created,
+                            at,
+                        });
+                    }
+                    ClaimOrRead::Existing(record) => Some(record),
+                    // Claimed by a request that committed after our snapshot: there
+                    // is a row now, so read it.
+                    ClaimOrRead::Unseen => {
+                        row_exists = true;
+                        continue;
+                    }
+                }
+            };
+            let Some(record) = found else {
                 // Released or purged since we looked: claim it afresh.
                 row_exists = false;
                 continue;
@@ -175,9 +225,16 @@ impl Guard {
             row_exists = true;
             match decide(&record, fingerprint) {
                 Step::Replay => {
-                    let decide::State::Completed { response, .. } = record.state else {
+                    let decide::State::Completed {
+                        response,
+                        expires_at,
+                    } = record.state
+                    else {
                         unreachable!("decide replays completed records only")
                     };
+                    let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
+                    self.cache
+                        .remember(scope, *fingerprint, &response, sent, remaining);
                     return Ok(Claim::Replay(response));
                 }
                 Step::Reject => return Err(GuardError::KeyReused),
@@ -188,10 +245,11 @@ impl Guard {
                             store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
                         })
                         .await?;
-                    if reclaimed {
+                    if let Some(at) = reclaimed {
                         return Ok(Claim::Owned {
                             owner,
                             outcome: Outcome::Created,
+                            at,
                         });
                     }
                 }
@@ -203,7 +261,7 @@ impl Guard {
                                 .await
                         })
                         .await?;
-                    if taken {
+                    if let Some(at) = taken {
                         tracing::info!(
                             endpoint = %scope.endpoint,
                             "took over an expired idempotency lease"
@@ -211,6 +269,7 @@ impl Guard {
                         return Ok(Claim::Owned {
                             owner,
                             outcome: Outcome::LeaseTakeover,
+                            at,
                         });
                     }
                 }
@@ -229,19 +288,27 @@ impl Guard {
         }
     }
 
-    /// Runs the operation and the fenced completion in one transaction.
+    /// Runs the operation and the fenced completion in one transaction; once committed,
+    /// the response is remembered for replays.
     async fn execute<E, F>(
         &self,
         scope: &Scope,
+        fingerprint: &Fingerprint,
         owner: Uuid,
+        at: DateTime<Utc>,
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, E> + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let mut tx = self.db.begin().await?;
-        let response = operation(&mut tx).await.map_err(GuardError::Operation)?;
+        let response = operation(&mut tx, at)
+            .await
+            .map_err(GuardError::Operation)?;
         let ttl_secs = self.config.ttl.as_secs() as i64;
+        // The record expires `ttl` after the completion's clock_timestamp(), which is
+        // no earlier than this instant: counting from here ends no later than the row.
+        let sent = Instant::now();
         if !store::complete(&mut tx, scope, owner, &response, ttl_secs).await? {
             // Our lease expired and another request took the key over: it alone may
             // commit. Dropping `tx` rolls back everything this request wrote.
@@ -255,6 +322,13 @@ impl Guard {
             });
         }
         tx.commit().await?;
+        self.cache.remember(
+            scope,
+            *fingerprint,
+            &response,
+            sent,
+            Duration::from_secs(ttl_secs as u64),
+        );
         Ok(response)
     }
 }

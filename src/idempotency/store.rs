@@ -41,12 +41,31 @@ pub struct StoredResponse {
     pub body: Vec<u8>,
 }
 
-/// `INSERT ... ON CONFLICT DO NOTHING`: the one atomic decision of who owns a new key.
-pub const CLAIM: &str = "INSERT INTO idempotency_record
-       (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-     SELECT $1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp()
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING";
+/// Claim or read, in one statement: `INSERT ... ON CONFLICT DO NOTHING` (the one
+/// atomic decision of who owns a new key), and when the key exists, its record as of
+/// the statement's snapshot. So a new key costs one round trip and a replay the cache
+/// does not hold costs one too. One row, `claimed` true, when this statement claimed
+/// the key (`read_at` is then the claim's time); one row, `claimed` false, with the
+/// existing record; no row when a concurrent request's claim committed after this
+/// statement's snapshot was taken (the caller reads again).
+pub const CLAIM_OR_READ: &str = "WITH claim AS (
+         INSERT INTO idempotency_record
+                (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+         SELECT $1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp()
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+         ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+         RETURNING created_at
+     )
+     SELECT true AS claimed, NULL::text AS state, NULL::bytea AS fingerprint, NULL::uuid AS owner_token,
+            NULL::timestamptz AS lease_until, NULL::timestamptz AS expires_at, NULL::smallint AS response_status,
+            NULL::text AS response_location, NULL::text AS response_content_type, NULL::bytea AS response_body,
+            created_at AS read_at
+     FROM claim
+     UNION ALL
+     SELECT false, state, fingerprint, owner_token, lease_until, expires_at, response_status,
+            response_location, response_content_type, response_body, clock_timestamp()
+     FROM idempotency_record
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM claim)";
 
 /// The record and the database clock, by primary key.
 pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
@@ -60,7 +79,8 @@ pub const TAKE_OVER: &str = "UPDATE idempotency_record
      SET owner_token = $4, lease_until = clock_timestamp() + $5 * interval '1 millisecond'
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= clock_timestamp()";
+       AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= clock_timestamp()
+     RETURNING clock_timestamp()";
 
 /// A completed key past its retention becomes a fresh claim.
 pub const RECLAIM: &str = "UPDATE idempotency_record
@@ -70,7 +90,8 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
          response_body = NULL, completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'COMPLETED' AND expires_at <= clock_timestamp()";
+       AND state = 'COMPLETED' AND expires_at <= clock_timestamp()
+     RETURNING clock_timestamp()";
 
 /// The fenced completion: matches only while the owner still owns the claim.
 pub const COMPLETE: &str = "UPDATE idempotency_record
@@ -104,10 +125,18 @@ pub const PURGE_ABANDONED: &str = "DELETE FROM idempotency_record
          LIMIT $2
          FOR UPDATE SKIP LOCKED)";
 
+/// A row of [`CLAIM_OR_READ`]: the record's columns are NULL when `claimed`.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    claimed: bool,
+    #[sqlx(flatten)]
+    row: Row,
+}
+
 #[derive(sqlx::FromRow)]
 struct Row {
-    state: String,
-    fingerprint: Vec<u8>,
+    state: Option<String>,
+    fingerprint: Option<Vec<u8>>,
     owner_token: Option<Uuid>,
     lease_until: Option<DateTime<Utc>>,
     expires_at: Option<DateTime<Utc>>,
@@ -123,11 +152,11 @@ impl Row {
     /// other shapes impossible; should one appear anyway, it is an error, never a
     /// guessed value.
     fn into_record(self) -> Result<Record, sqlx::Error> {
-        let state = match (self.state.as_str(), self.owner_token, self.lease_until) {
-            ("PROCESSING", Some(owner), Some(lease_until)) => {
+        let state = match (self.state.as_deref(), self.owner_token, self.lease_until) {
+            (Some("PROCESSING"), Some(owner), Some(lease_until)) => {
                 State::Processing { owner, lease_until }
             }
-            ("COMPLETED", ..) => {
+            (Some("COMPLETED"), ..) => {
                 match (self.expires_at, self.response_status, self.response_body) {
                     (Some(expires_at), Some(status), Some(body)) => State::Completed {
                         expires_at,
@@ -144,7 +173,7 @@ impl Row {
             _ => return Err(corrupt("state")),
         };
         Ok(Record {
-            fingerprint: self.fingerprint,
+            fingerprint: self.fingerprint.ok_or_else(|| corrupt("fingerprint"))?,
             state,
             read_at: self.read_at,
         })
@@ -155,16 +184,26 @@ fn corrupt(what: &str) -> sqlx::Error {
     sqlx::Error::Decode(format!("idempotency_record holds an impossible {what}").into())
 }
 
-/// Claims an unknown key. True when this call created the PROCESSING row (and so owns
-/// it with `owner`).
-pub async fn try_insert(
+/// What [`claim_or_read`] found.
+#[derive(Debug)]
+pub enum ClaimOrRead {
+    /// This call created the PROCESSING row and owns it; `at` is the database's clock.
+    Claimed { at: DateTime<Utc> },
+    /// The key exists: its record.
+    Existing(Record),
+    /// The key's row committed after this statement's snapshot: read again.
+    Unseen,
+}
+
+/// Claims an unknown key for `owner`, or reads the record that holds it.
+pub async fn claim_or_read(
     db: impl PgExecutor<'_>,
     scope: &Scope,
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(CLAIM)
+) -> sqlx::Result<ClaimOrRead> {
+    let row: Option<ClaimRow> = sqlx::query_as(CLAIM_OR_READ)
         .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
@@ -172,9 +211,13 @@ pub async fn try_insert(
         .bind(fingerprint.as_bytes())
         .bind(owner)
         .bind(lease_ms)
-        .execute(db)
+        .fetch_optional(db)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(match row {
+        None => ClaimOrRead::Unseen,
+        Some(ClaimRow { claimed: true, row }) => ClaimOrRead::Claimed { at: row.read_at },
+        Some(ClaimRow { row, .. }) => ClaimOrRead::Existing(row.into_record()?),
+    })
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
@@ -198,8 +241,8 @@ pub async fn take_over_expired_lease(
     seen_owner: Uuid,
     new_owner: Uuid,
     lease_ms: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(TAKE_OVER)
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar(TAKE_OVER)
         .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
@@ -207,9 +250,8 @@ pub async fn take_over_expired_lease(
         .bind(new_owner)
         .bind(lease_ms)
         .bind(seen_owner)
-        .execute(db)
-        .await?;
-    Ok(done.rows_affected() == 1)
+        .fetch_optional(db)
+        .await
 }
 
 /// Re-claims a COMPLETED key past its retention as a fresh PROCESSING claim (possibly
@@ -220,8 +262,8 @@ pub async fn reclaim_expired(
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(RECLAIM)
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar(RECLAIM)
         .persistent(crate::db::named_statements())
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
@@ -229,9 +271,8 @@ pub async fn reclaim_expired(
         .bind(fingerprint.as_bytes())
         .bind(owner)
         .bind(lease_ms)
-        .execute(db)
-        .await?;
-    Ok(done.rows_affected() == 1)
+        .fetch_optional(db)
+        .await
 }
 
 /// The fenced completion, run as the last statement of the business transaction.

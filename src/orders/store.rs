@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::{CancelOutcome, NewOrder, Order};
+use super::{CancelOutcome, NewOrder, Order, OrderStatus};
 use crate::{
     metrics::EventType,
     outbox::{self, event::NewEvent},
@@ -20,26 +20,57 @@ macro_rules! columns {
     };
 }
 
-/// Inserts the order and its `OrderCreated` event.
+/// The order and its `OrderCreated` event in one statement (one round trip). The
+/// event's columns are those of [`outbox::writer::APPEND`]; its body is built here
+/// from the order, which is known in full before the statement runs.
+pub const CREATE: &str = "WITH created AS (
+         INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, 'CREATED', $6, $6)
+         RETURNING tenant_id, id, version, updated_at
+     )
+     INSERT INTO outbox_event
+            (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+     SELECT tenant_id, $7, id, version, $8, $9, updated_at, clock_timestamp() FROM created";
+
+/// Inserts the order, created at `at` (the database's clock when the request came to
+/// own its key), and its `OrderCreated` event.
 pub async fn create(
     tx: &mut PgConnection,
     tenant: TenantId,
     new: &NewOrder,
+    at: DateTime<Utc>,
 ) -> sqlx::Result<Order> {
-    let order: Order = sqlx::query_as(concat!(
-        "INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, 'CREATED', clock_timestamp(), clock_timestamp())
-         RETURNING ", columns!(), ""
-    ))
+    let order = Order {
+        id: Uuid::now_v7(),
+        sku: new.sku.clone(),
+        quantity: new.quantity,
+        customer_ref: new.customer_ref.clone(),
+        status: OrderStatus::Created,
+        created_at: at,
+        updated_at: at,
+        version: 1,
+    };
+    let event = event(tenant, EventType::OrderCreated, &order);
+    let event_id = Uuid::now_v7();
+    let done = sqlx::query(CREATE)
         .persistent(crate::db::named_statements())
-    .bind(tenant.0)
-    .bind(Uuid::now_v7())
-    .bind(&new.sku)
-    .bind(new.quantity)
-    .bind(&new.customer_ref)
-    .fetch_one(&mut *tx)
-    .await?;
-    outbox::writer::append(tx, &event(tenant, EventType::OrderCreated, &order)).await?;
+        .bind(tenant.0)
+        .bind(order.id)
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .bind(&order.customer_ref)
+        .bind(at)
+        .bind(event_id)
+        .bind(event.event_type.as_str())
+        .bind(event.body(event_id))
+        .execute(&mut *tx)
+        .await?;
+    if done.rows_affected() != 1 {
+        return Err(sqlx::Error::Protocol(format!(
+            "creating an order wrote {} outbox rows",
+            done.rows_affected()
+        )));
+    }
     Ok(order)
 }
 

@@ -64,7 +64,7 @@ async fn seeded() -> TestDb {
 async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     let db = seeded().await;
     let endpoint = Endpoint::CreateOrder.as_str();
-    let claim = plan(&db, idem::CLAIM, |q| {
+    let claim = plan(&db, idem::CLAIM_OR_READ, |q| {
         q.bind(TENANT)
             .bind(endpoint)
             .bind("key-1")

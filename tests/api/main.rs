@@ -19,6 +19,7 @@ mod orders;
 mod outbox;
 mod purge;
 mod reconcile;
+mod replay_cache;
 mod scale_out;
 mod tenant_limits;
 mod validation;

@@ -142,7 +142,8 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     };
 
     let mut tx = db.pool.begin().await.unwrap();
-    orderd::orders::store::create(&mut tx, tenant, &new)
+    let at = orderd::db::now(&mut tx).await.unwrap();
+    orderd::orders::store::create(&mut tx, tenant, &new, at)
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -155,7 +156,8 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
 
     for _ in 0..10 {
         let mut tx = db.pool.begin().await.unwrap();
-        let order = orderd::orders::store::create(&mut tx, tenant, &new)
+        let at = orderd::db::now(&mut tx).await.unwrap();
+        let order = orderd::orders::store::create(&mut tx, tenant, &new, at)
             .await
             .unwrap();
         orderd::orders::store::cancel(&mut tx, tenant, order.id)
@@ -669,8 +671,9 @@ async fn a_transaction_that_commits_late_is_not_skipped() {
         quantity: 1,
         customer_ref: None,
     };
+    let at = orderd::db::now(&mut late).await.unwrap();
     let late_order =
-        orderd::orders::store::create(&mut late, orderd::tenant::TenantId(tenant), &new)
+        orderd::orders::store::create(&mut late, orderd::tenant::TenantId(tenant), &new, at)
             .await
             .unwrap();
 

@@ -1,0 +1,294 @@
+//! The replay fast path: completed responses kept in memory, so that a retry is
+//! answered without a database round trip.
+//!
+//! Safe because a COMPLETED record never changes until it expires: the stored
+//! response, its fingerprint and its expiry are fixed at completion. The cache keeps
+//! exactly that and nothing that can still change (no PROCESSING record is ever
+//! cached). What it must honour:
+//!
+//! - **Expiry on the database's clock.** An entry lives for the remaining lifetime the
+//!   database gave the record (`expires_at - clock_timestamp()` as of the statement
+//!   that read or completed it), counted down on this process's monotonic clock from
+//!   *before* that statement was sent. The entry therefore always dies no later than
+//!   the row does; after that the request goes to the database, which treats an
+//!   expired key as new.
+//! - **The fingerprint.** A hit with another fingerprint is the same 422 the database
+//!   path answers.
+//! - **Tenant isolation.** The key is the record's primary key: tenant, endpoint and
+//!   Idempotency-Key.
+//! - **Memory.** Bounded in bytes (`ORDERD_REPLAY_CACHE_BYTES`), weighing each entry
+//!   by what it holds; least recently used entries go first.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use moka::{Expiry, sync::Cache};
+use uuid::Uuid;
+
+use super::{Fingerprint, store::Scope, store::StoredResponse};
+use crate::metrics::Endpoint;
+
+/// What an entry costs beyond its variable parts: the key and value structs, the
+/// `Arc`, moka's own bookkeeping (measured in the order of 100 bytes per entry).
+const ENTRY_OVERHEAD: usize = 192;
+
+/// The primary key of an idempotency record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    tenant: Uuid,
+    endpoint: Endpoint,
+    idem_key: Box<str>,
+}
+
+impl Key {
+    fn of(scope: &Scope) -> Self {
+        Self {
+            tenant: scope.tenant.0,
+            endpoint: scope.endpoint,
+            idem_key: scope.key.as_str().into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    /// On the monotonic clock: when the database's row expires, or a little before.
+    valid_until: Instant,
+}
+
+/// What the cache says about a request.
+#[derive(Debug, PartialEq)]
+pub enum Lookup {
+    /// Nothing known (or known and expired): ask the database.
+    Miss,
+    /// The same request completed before: its response.
+    Replay(StoredResponse),
+    /// The key completed with another request: 422.
+    Conflict,
+}
+
+/// Tells moka when an entry expires, so that expired entries leave memory by
+/// themselves instead of waiting to be pushed out.
+struct UntilRowExpires;
+
+impl Expiry<Key, Arc<Entry>> for UntilRowExpires {
+    fn expire_after_create(&self, _: &Key, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
+        Some(entry.valid_until.saturating_duration_since(now))
+    }
+}
+
+/// Completed responses by record key; cheap to clone (one shared cache).
+#[derive(Clone)]
+pub struct ReplayCache {
+    entries: Option<Cache<Key, Arc<Entry>>>,
+}
+
+impl ReplayCache {
+    /// A cache of at most `max_bytes`; `0` turns it off (every lookup misses).
+    pub fn new(max_bytes: u64) -> Self {
+        let entries = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|key: &Key, entry: &Arc<Entry>| {
+                    let bytes = ENTRY_OVERHEAD
+                        + key.idem_key.len()
+                        + entry.response.body.len()
+                        + entry.response.location.as_ref().map_or(0, String::len)
+                        + entry.response.content_type.as_ref().map_or(0, String::len);
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .expire_after(UntilRowExpires)
+                .build()
+        });
+        Self { entries }
+    }
+
+    /// What is known about `scope` for a request with `fingerprint`, at `now`.
+    pub fn lookup(&self, scope: &Scope, fingerprint: &Fingerprint, now: Instant) -> Lookup {
+        let Some(entries) = &self.entries else {
+            return Lookup::Miss;
+        };
+        let key = Key::of(scope);
+        let Some(entry) = entries.get(&key) else {
+            return Lookup::Miss;
+        };
+        if entry.valid_until <= now {
+            entries.invalidate(&key);
+            return Lookup::Miss;
+        }
+        if entry.fingerprint == *fingerprint {
+            Lookup::Replay(entry.response.clone())
+        } else {
+            Lookup::Conflict
+        }
+    }
+
+    /// Remembers a completed record: `remaining` is its lifetime as the database saw
+    /// it, `sent` the monotonic instant just before the statement that saw it was sent.
+    pub fn remember(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        response: &StoredResponse,
+        sent: Instant,
+        remaining: Duration,
+    ) {
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        if remaining.is_zero() {
+            return;
+        }
+        entries.insert(
+            Key::of(scope),
+            Arc::new(Entry {
+                fingerprint,
+                response: response.clone(),
+                valid_until: sent + remaining,
+            }),
+        );
+    }
+
+    /// Bytes held now, by the weigher's account (pending maintenance run first).
+    pub fn weighted_size(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |entries| {
+            entries.run_pending_tasks();
+            entries.weighted_size()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{idempotency::IdempotencyKey, tenant::TenantId};
+
+    fn scope(tenant: u128, key: &str) -> Scope {
+        Scope {
+            tenant: TenantId(Uuid::from_u128(tenant)),
+            endpoint: Endpoint::CreateOrder,
+            key: IdempotencyKey::parse(Some(key)).unwrap(),
+        }
+    }
+
+    fn response(body: &str) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            location: Some("/v1/orders/x".into()),
+            content_type: Some("application/json".into()),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    const A: Fingerprint = Fingerprint([1; 32]);
+    const B: Fingerprint = Fingerprint([2; 32]);
+    const KEY: &str = "key-0123456789abcdef";
+
+    #[test]
+    fn a_remembered_response_replays_byte_for_byte_and_another_request_conflicts() {
+        let cache = ReplayCache::new(1 << 20);
+        let t0 = Instant::now();
+        cache.remember(
+            &scope(1, KEY),
+            A,
+            &response("{\"id\":1}"),
+            t0,
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            cache.lookup(&scope(1, KEY), &A, t0),
+            Lookup::Replay(response("{\"id\":1}"))
+        );
+        assert_eq!(cache.lookup(&scope(1, KEY), &B, t0), Lookup::Conflict);
+    }
+
+    #[test]
+    fn another_tenant_or_endpoint_never_sees_the_entry() {
+        let cache = ReplayCache::new(1 << 20);
+        let t0 = Instant::now();
+        cache.remember(
+            &scope(1, KEY),
+            A,
+            &response("{}"),
+            t0,
+            Duration::from_secs(60),
+        );
+        assert_eq!(cache.lookup(&scope(2, KEY), &A, t0), Lookup::Miss);
+        let mut cancel = scope(1, KEY);
+        cancel.endpoint = Endpoint::CancelOrder;
+        assert_eq!(cache.lookup(&cancel, &A, t0), Lookup::Miss);
+    }
+
+    #[test]
+    fn an_entry_dies_when_its_remaining_lifetime_has_run_out() {
+        let cache = ReplayCache::new(1 << 20);
+        let t0 = Instant::now();
+        cache.remember(
+            &scope(1, KEY),
+            A,
+            &response("{}"),
+            t0,
+            Duration::from_secs(5),
+        );
+        let almost = t0 + Duration::from_millis(4_999);
+        assert!(matches!(
+            cache.lookup(&scope(1, KEY), &A, almost),
+            Lookup::Replay(_)
+        ));
+        assert_eq!(
+            cache.lookup(&scope(1, KEY), &A, t0 + Duration::from_secs(5)),
+            Lookup::Miss
+        );
+        // Once expired it stays gone, even for an earlier instant.
+        assert_eq!(cache.lookup(&scope(1, KEY), &A, t0), Lookup::Miss);
+        // Nothing is kept for a record that has no lifetime left.
+        cache.remember(
+            &scope(1, "key-zero-lifetime-0001"),
+            A,
+            &response("{}"),
+            t0,
+            Duration::ZERO,
+        );
+        assert_eq!(
+            cache.lookup(&scope(1, "key-zero-lifetime-0001"), &A, t0),
+            Lookup::Miss
+        );
+    }
+
+    #[test]
+    fn the_byte_bound_holds_and_zero_turns_the_cache_off() {
+        let cache = ReplayCache::new(64 * 1024);
+        let t0 = Instant::now();
+        let body = "x".repeat(1000);
+        for i in 0..1000 {
+            let key = format!("key-{i:016}");
+            cache.remember(
+                &scope(1, &key),
+                A,
+                &response(&body),
+                t0,
+                Duration::from_secs(60),
+            );
+        }
+        let held = cache.weighted_size();
+        assert!(held <= 64 * 1024, "{held} bytes held");
+        assert!(
+            held >= 32 * 1024,
+            "the cache is used, not emptied: {held} bytes"
+        );
+
+        let off = ReplayCache::new(0);
+        off.remember(
+            &scope(1, KEY),
+            A,
+            &response("{}"),
+            t0,
+            Duration::from_secs(60),
+        );
+        assert_eq!(off.lookup(&scope(1, KEY), &A, t0), Lookup::Miss);
+    }
+}
