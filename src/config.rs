@@ -73,7 +73,7 @@ mod table {
     setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it");
     setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
     setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
-    setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("16777216"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip (least recently used go first); `0` turns the cache off");
+    setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("8388608"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1 KiB each (least recently used go first); `0` turns the cache off");
     setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
     setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed");
@@ -91,6 +91,7 @@ mod table {
     setting!(RELAY, "ORDERD_RELAY", Some("on"), Kind::Switch, "`off`: `serve` runs no relay (run `orderd relay` elsewhere)");
     setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids");
     setting!(OUTBOX_BATCH_SIZE, "ORDERD_OUTBOX_BATCH_SIZE", Some("100"), range(1, 1000), "events claimed per relay round");
+    setting!(OUTBOX_PARALLEL_ROUNDS, "ORDERD_OUTBOX_PARALLEL_ROUNDS", Some("2"), range(1, 32), "rounds (claim, publish, mark) one relay runs at once, so that a backlog keeps the database and SNS busy together; each holds a database connection while it claims or marks");
     setting!(OUTBOX_POLL_MS, "ORDERD_OUTBOX_POLL_MS", Some("1000"), range(1, 60_000), "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)");
     setting!(OUTBOX_MAX_ATTEMPTS, "ORDERD_OUTBOX_MAX_ATTEMPTS", Some("10"), range(1, 1000), "entry-level SNS rejections before an event is DEAD (a permanent one: at once)");
     setting!(OUTBOX_BACKOFF_INITIAL_MS, "ORDERD_OUTBOX_BACKOFF_INITIAL_MS", Some("2000"), range(1, 3_600_000), "first retry delay; doubles per failure, with jitter");
@@ -107,7 +108,7 @@ mod table {
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
         &LOG_FORMAT,
-        &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
+        &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_PARALLEL_ROUNDS, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
         &OUTBOX_BACKOFF_INITIAL_MS, &OUTBOX_BACKOFF_MAX_MS, &OUTBOX_PUBLISH_TIMEOUT_MS,
         &OUTBOX_RETENTION_SECS,
     ];
@@ -248,6 +249,8 @@ pub struct OutboxConfig {
     /// Where the relay publishes; checked where a relay runs ([`Config::relay_topic`]).
     pub sns_topic_arn: Option<String>,
     pub batch_size: u32,
+    /// Rounds in flight at once in one relay.
+    pub parallel_rounds: u32,
     pub poll: Duration,
     pub max_attempts: u32,
     pub backoff_initial: Duration,
@@ -349,6 +352,7 @@ impl Config {
             outbox: OutboxConfig {
                 sns_topic_arn: env.text(&SNS_TOPIC_ARN),
                 batch_size: env.number(&OUTBOX_BATCH_SIZE)? as u32,
+                parallel_rounds: env.number(&OUTBOX_PARALLEL_ROUNDS)? as u32,
                 poll: env.millis(&OUTBOX_POLL_MS)?,
                 max_attempts: env.number(&OUTBOX_MAX_ATTEMPTS)? as u32,
                 backoff_initial: env.millis(&OUTBOX_BACKOFF_INITIAL_MS)?,

@@ -116,9 +116,27 @@ impl Relay {
         });
         tracing::info!(
             batch = self.config.batch_size,
+            parallel_rounds = self.config.parallel_rounds,
             listen = self.listen,
             "outbox relay started"
         );
+        futures::future::join_all(
+            (0..self.config.parallel_rounds.max(1)).map(|_| self.lane(&shutdown)),
+        )
+        .await;
+        if let Some(listener) = listener {
+            // It watches the same token, so it is ending too.
+            let _ = listener.await;
+        }
+        tracing::info!("outbox relay stopped");
+    }
+
+    /// One sequence of rounds. Several run side by side (`parallel_rounds`), so that
+    /// one lane's claim overlaps another's publish and marking: under a backlog the
+    /// database and SNS both stay busy. They claim from the same table exactly as
+    /// separate relays do (`SKIP LOCKED`, leases, one event in flight per order), so
+    /// ordering is unaffected.
+    async fn lane(&self, shutdown: &CancellationToken) {
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -160,11 +178,6 @@ impl Relay {
                 },
             }
         }
-        if let Some(listener) = listener {
-            // It watches the same token, so it is ending too.
-            let _ = listener.await;
-        }
-        tracing::info!("outbox relay stopped");
     }
 
     /// Claims one batch, publishes it and records every outcome, fenced on this

@@ -46,6 +46,11 @@ struct PendingRow {
 /// DEAD), so each order has at most one event in flight across all relays and
 /// consumers see an order's events in commit order. Other orders are unaffected.
 /// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
+///
+/// The claim commits asynchronously (no wait for the WAL flush): it is only a lease.
+/// If the database crashes before flushing it, the rows are simply claimable again and
+/// published once more, the duplicate a relay crash causes anyway; a durable mark
+/// afterwards flushes the claim before it, since WAL is written in order.
 pub const CLAIM_DUE: &str = "WITH due AS (
          SELECT e.tenant_id, e.event_id
          FROM outbox_event e
@@ -59,7 +64,7 @@ pub const CLAIM_DUE: &str = "WITH due AS (
          FOR UPDATE OF e SKIP LOCKED)
      UPDATE outbox_event o
      SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond', claimed_by = $3
-     FROM due
+     FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
                extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
