@@ -243,11 +243,12 @@ async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
     // rows this often would).
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let pending: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'PENDING')")
-                .fetch_one(&pool)
-                .await
-                .expect("pending?");
+        let pending: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'PENDING')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("pending?");
         if !pending {
             break;
         }
