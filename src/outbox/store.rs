@@ -49,8 +49,7 @@ struct PendingRow {
 ///
 /// The claim commits asynchronously (no wait for the WAL flush): it is only a lease.
 /// If the database crashes before flushing it, the rows are simply claimable again and
-/// published once more, the duplicate a relay crash causes anyway; a durable mark
-/// afterwards flushes the claim before it, since WAL is written in order.
+/// published once more, the duplicate a relay crash causes anyway.
 pub const CLAIM_DUE: &str = "WITH due AS (
          SELECT e.tenant_id, e.event_id
          FROM outbox_event e
@@ -69,9 +68,14 @@ pub const CLAIM_DUE: &str = "WITH due AS (
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
                extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
 
+/// Marks a round's acknowledged events, asynchronously committed like the claim: a
+/// mark lost to a database crash only means those events are published once more
+/// (consumers drop duplicates by `event_id`), and per-order order still holds, since
+/// an order's next event waits for the lost mark's event to be published again.
 pub const MARK_PUBLISHED: &str = "UPDATE outbox_event o
      SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
-     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
+     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id),
+          (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'
        AND o.claimed_by = $3";
 
