@@ -39,6 +39,15 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 /// hanging.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pooled connection idle at least this long is pinged before use. sqlx's default
+/// pings on every acquire, a round trip of its own: two of a create's seven were
+/// pings. Under load connections are idle for microseconds and go out unchecked; after
+/// a database restart they have been idle longer than this, so the dead ones are
+/// found and replaced before a request uses them. One that broke within the last
+/// second fails its statement (5xx, the claim given back), and the client's retry
+/// gets a fresh connection.
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
 /// Whether statements may be prepared by name and kept. True until a pool behind a
 /// transaction pooler is built in this process; then every statement is unnamed, which
 /// is always correct (only slower) on a direct connection too.
@@ -172,6 +181,16 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
     let pool = PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for < PING_IF_IDLE_FOR {
+                    return Ok(true);
+                }
+                // `false` closes it; the pool then hands out another or opens one.
+                Ok(conn.ping().await.is_ok())
+            })
+        })
         .connect_with(options.clone())
         .await
         .map_err(|e| explain(e, &options, "DATABASE_URL"))?;
