@@ -81,3 +81,50 @@ async fn migrations_wait_out_a_lock_longer_than_the_statement_timeout() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The pool pings only connections idle for a while (`db::PING_IF_IDLE_FOR`), not on
+/// every acquire. Connections the server closed behind orderd's back (a restart, an
+/// administrator, a pooler's idle timeout) have been idle that long by the next
+/// request, so they are found and replaced before any request uses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_closed_are_replaced_before_a_request_uses_them() {
+    let app = spawn_app_on(TestDb::new().await, &[]).await;
+    let token = app.token(Uuid::new_v4());
+    // Every connection of the pool in use at once, so that all of them exist.
+    let warm: Vec<_> = (0..8)
+        .map(|i| {
+            let (app, token) = (&app, &token);
+            async move {
+                app.create(token, &new_key(), &order_body(&format!("WARM-{i}"), 1))
+                    .await
+                    .status
+            }
+        })
+        .collect();
+    for status in futures::future::join_all(warm).await {
+        assert_eq!(status, 201);
+    }
+    let mut admin = PgConnection::connect(&app.db.url).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "orderd's connections were there to close");
+    tokio::time::sleep(orderd::db::PING_IF_IDLE_FOR + std::time::Duration::from_millis(200)).await;
+
+    for i in 0..8 {
+        let reply = app
+            .create(&token, &new_key(), &order_body(&format!("AFTER-{i}"), 1))
+            .await;
+        assert_eq!(
+            reply.status,
+            201,
+            "request {i} after the server closed every connection: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    assert_eq!(app.count("orders").await, 16);
+}
