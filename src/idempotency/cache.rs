@@ -188,6 +188,17 @@ mod tests {
         }
     }
 
+    /// Tenant 1's request `A` under `KEY` completed with `body`, alive `secs` from `sent`.
+    fn remember(cache: &ReplayCache, body: &str, sent: Instant, secs: u64) {
+        cache.remember(
+            &scope(1, KEY),
+            A,
+            &response(body),
+            sent,
+            Duration::from_secs(secs),
+        );
+    }
+
     const A: Fingerprint = Fingerprint([1; 32]);
     const B: Fingerprint = Fingerprint([2; 32]);
     const KEY: &str = "key-0123456789abcdef";
@@ -196,13 +207,7 @@ mod tests {
     fn a_remembered_response_replays_byte_for_byte_and_another_request_conflicts() {
         let cache = ReplayCache::new(1 << 20);
         let t0 = Instant::now();
-        cache.remember(
-            &scope(1, KEY),
-            A,
-            &response("{\"id\":1}"),
-            t0,
-            Duration::from_secs(60),
-        );
+        remember(&cache, "{\"id\":1}", t0, 60);
         assert_eq!(
             cache.lookup(&scope(1, KEY), &A, t0),
             Lookup::Replay(response("{\"id\":1}"))
@@ -214,13 +219,7 @@ mod tests {
     fn another_tenant_or_endpoint_never_sees_the_entry() {
         let cache = ReplayCache::new(1 << 20);
         let t0 = Instant::now();
-        cache.remember(
-            &scope(1, KEY),
-            A,
-            &response("{}"),
-            t0,
-            Duration::from_secs(60),
-        );
+        remember(&cache, "{}", t0, 60);
         assert_eq!(cache.lookup(&scope(2, KEY), &A, t0), Lookup::Miss);
         let mut cancel = scope(1, KEY);
         cancel.endpoint = Endpoint::CancelOrder;
@@ -231,13 +230,7 @@ mod tests {
     fn an_entry_dies_when_its_remaining_lifetime_has_run_out() {
         let cache = ReplayCache::new(1 << 20);
         let t0 = Instant::now();
-        cache.remember(
-            &scope(1, KEY),
-            A,
-            &response("{}"),
-            t0,
-            Duration::from_secs(5),
-        );
+        remember(&cache, "{}", t0, 5);
         let almost = t0 + Duration::from_millis(4_999);
         assert!(matches!(
             cache.lookup(&scope(1, KEY), &A, almost),

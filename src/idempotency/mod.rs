@@ -137,25 +137,20 @@ impl Guard {
     {
         // A completed record never changes until it expires: a retry the cache knows
         // is answered (or refused) without touching the database.
+        let replayed = |response| {
+            let answer = Answer {
+                response,
+                replayed: true,
+            };
+            Ok((answer, Outcome::Replayed))
+        };
         match self.cache.lookup(scope, fingerprint, Instant::now()) {
-            Lookup::Replay(response) => {
-                let answer = Answer {
-                    response,
-                    replayed: true,
-                };
-                return Ok((answer, Outcome::Replayed));
-            }
+            Lookup::Replay(response) => return replayed(response),
             Lookup::Conflict => return Err(GuardError::KeyReused),
             Lookup::Miss => {}
         }
         let (owner, outcome, at) = match self.claim(scope, fingerprint).await? {
-            Claim::Replay(response) => {
-                let answer = Answer {
-                    response,
-                    replayed: true,
-                };
-                return Ok((answer, Outcome::Replayed));
-            }
+            Claim::Replay(response) => return replayed(response),
             Claim::Owned { owner, outcome, at } => (owner, outcome, at),
         };
         // From here until the completion commits, any exit (error, panic, cancelled
@@ -322,13 +317,8 @@ impl Guard {
             });
         }
         tx.commit().await?;
-        self.cache.remember(
-            scope,
-            *fingerprint,
-            &response,
-            sent,
-            Duration::from_secs(ttl_secs as u64),
-        );
+        self.cache
+            .remember(scope, *fingerprint, &response, sent, self.config.ttl);
         Ok(response)
     }
 }
