@@ -77,6 +77,10 @@ async fn with_the_cache_off_the_same_replay_needs_the_database() {
         replay.header("idempotent-replayed").as_deref(),
         Some("true")
     );
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (1, 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,5 +165,10 @@ async fn a_cached_key_past_its_retention_is_a_new_request() {
     assert_eq!(again.status, 201);
     assert_eq!(again.header("idempotent-replayed"), None);
     assert_eq!(again.json()["quantity"], 7);
-    assert_eq!(app.count("orders").await, 2);
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (2, 2)
+    );
+    // One key, re-claimed in place and completed with the new request's answer.
+    assert_eq!(app.count("idempotency_record").await, 1);
 }
