@@ -23,7 +23,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use orderd::db::Db;
 use orderd::{
     config::Config,
-    orders::{NewOrder, store},
+    idempotency::{Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
+    metrics::Endpoint,
+    orders::{NewOrder, Order, store},
     outbox::{
         publisher::{Message, Outcome, Outcomes, Publisher},
         relay::Relay,
@@ -150,6 +152,8 @@ async fn latency(
 ) {
     let db = fresh(&config).await;
     let pool = db.pool().clone();
+    // Orders are written as a create request writes them, through the guard.
+    let guard = Guard::new(db.clone(), config.idempotency.clone());
     let stop = CancellationToken::new();
     let listen_on = orderd::db::direct_options(&config).expect("a URL");
     let relay = Relay::new(db, listen_on, publisher, config.outbox.clone());
@@ -173,14 +177,30 @@ async fn latency(
     let mut writers = tokio::task::JoinSet::new();
     for _ in 0..total {
         tick.tick().await;
-        let (pool, new) = (pool.clone(), new.clone());
+        let (guard, new) = (guard.clone(), new.clone());
         writers.spawn(async move {
-            let mut tx = pool.begin().await.expect("begin");
-            let at = orderd::db::now(&mut tx).await.expect("clock");
-            store::create(&mut tx, tenant, &new, at)
+            let scope = Scope {
+                tenant,
+                endpoint: Endpoint::CreateOrder,
+                key: IdempotencyKey::parse(Some(&Uuid::new_v4().to_string())).expect("a key"),
+            };
+            let fingerprint = Fingerprint::of(&new);
+            guard
+                .run_in_one_statement(&scope, fingerprint, move |conn, fence| {
+                    Box::pin(async move {
+                        let order = Order::created(&new, fence.at);
+                        let response = StoredResponse {
+                            status: 201,
+                            location: None,
+                            content_type: None,
+                            body: order.id.to_string().into_bytes(),
+                        };
+                        let written = store::create(conn, &fence, &response, &order).await?;
+                        Ok::<_, sqlx::Error>(written.then_some(response))
+                    })
+                })
                 .await
                 .expect("create");
-            tx.commit().await.expect("commit");
         });
     }
     writers.join_all().await;

@@ -314,12 +314,3 @@ pub async fn ping(db: &Db) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("the database did not answer within 2 s"))??;
     Ok(())
 }
-
-/// The database's clock, `clock_timestamp()`: what a change is stamped with when no
-/// claim supplied the time (tools and tests that write orders directly).
-pub async fn now(conn: &mut PgConnection) -> sqlx::Result<chrono::DateTime<chrono::Utc>> {
-    sqlx::query_scalar("SELECT clock_timestamp()")
-        .persistent(named_statements())
-        .fetch_one(conn)
-        .await
-}

@@ -1,8 +1,8 @@
 //! `/v1/orders`: create, cancel, get and list, tenant-scoped.
 //!
 //! Handlers parse and authorise, then call the operations below, which hand writes to
-//! the idempotency guard with a closure that calls the orders module inside the
-//! guard's transaction. The operations are shared with the MCP tools, so that a tool
+//! the idempotency guard with a closure that calls the orders module: a cancel inside
+//! the guard's transaction, a create as the one statement that also completes the key. The operations are shared with the MCP tools, so that a tool
 //! call and a REST call are the same operation with the same stored response.
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
@@ -238,11 +238,17 @@ pub async fn create(
     };
     let answer = state
         .guard
-        .run(&scope, create_fingerprint(&new), move |tx, at| {
+        .run_in_one_statement(&scope, create_fingerprint(&new), move |conn, fence| {
             Box::pin(async move {
-                let order = orders::store::create(tx, tenant, &new, at).await?;
+                let order = orders::Order::created(&new, fence.at);
                 let location = format!("/v1/orders/{}", order.id);
-                render(CreateOrderResponse::Created(Json(order.into()), location)).await
+                let response = render(CreateOrderResponse::Created(
+                    Json(order.clone().into()),
+                    location,
+                ))
+                .await?;
+                let written = orders::store::create(conn, &fence, &response, &order).await?;
+                Ok(written.then_some(response))
             })
         })
         .await?;

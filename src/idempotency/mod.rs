@@ -3,7 +3,9 @@
 //!
 //! A caller hands [`Guard::run`] the scope `(tenant, endpoint, key)`, a fingerprint of
 //! the parsed request and the operation as a closure over a transaction that returns
-//! the response to store. The guard owns the whole state machine and answers with the
+//! the response to store, or, with [`Guard::run_in_one_statement`], as one statement
+//! that also completes the record under the guard's fence (a create: two round trips
+//! in all). The guard owns the whole state machine and answers with the
 //! stored response (fresh or replayed) or a typed [`GuardError`]. It knows nothing of
 //! orders and nothing of HTTP: the REST handlers and the MCP tools call it alike, so a
 //! tool call and a REST call with the same key are one operation.
@@ -32,12 +34,17 @@ use self::{
 pub use self::{
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyError},
-    store::{Scope, StoredResponse},
+    store::{Fence, Scope, StoredResponse},
 };
 use crate::{config::IdempotencyConfig, db::Db, metrics, metrics::Outcome, telemetry};
 
 /// The future an operation returns: it borrows the transaction it was handed.
 pub type TxFuture<'c, E> = Pin<Box<dyn Future<Output = Result<StoredResponse, E>> + Send + 'c>>;
+
+/// The future a one-statement operation returns (see [`Guard::run_in_one_statement`]):
+/// the response it stored, or `None` when its fence no longer held and it wrote nothing.
+pub type StatementFuture<'c, E> =
+    Pin<Box<dyn Future<Output = Result<Option<StoredResponse>, E>> + Send + 'c>>;
 
 /// Why the guard did not answer with a stored response. `E` is the operation's own
 /// error type, passed through untouched.
@@ -110,31 +117,66 @@ impl Guard {
     where
         F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
-        let result = self.run_inner(scope, &fingerprint, operation).await;
-        let outcome = match &result {
-            Ok((_, outcome)) => Some(*outcome),
-            Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
-            Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => {
-                Some(Outcome::InFlight)
-            }
-            Err(GuardError::Operation(_) | GuardError::Db(_)) => None,
-        };
-        if let Some(outcome) = outcome {
-            metrics::idempotency_outcome(scope.endpoint, outcome);
-            telemetry::note_outcome(outcome);
-        }
-        result.map(|(answer, _)| answer)
+        let result = self
+            .run_inner(scope, &fingerprint, async |fence| {
+                self.execute(&fingerprint, fence, operation).await
+            })
+            .await;
+        observe(scope, result)
     }
 
-    async fn run_inner<E, F>(
+    /// Like [`Guard::run`], for an operation that writes everything in one statement
+    /// which also completes the record: it embeds [`store::fenced_completion!`], binds
+    /// it with [`store::bind_completion`] and writes only if the completion matched.
+    /// The whole write is then one round trip with no `BEGIN` or `COMMIT`, instead of
+    /// four. Only an operation that knows its response before it writes can do this
+    /// (a create: its answer is the order it is about to insert).
+    pub async fn run_in_one_statement<E, F>(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        operation: F,
+    ) -> Result<Answer, GuardError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
+    {
+        let result = self
+            .run_inner(scope, &fingerprint, async |fence| {
+                self.execute_one_statement(&fingerprint, fence, operation)
+                    .await
+            })
+            .await;
+        observe(scope, result)
+    }
+}
+
+/// Counts a guarded request's outcome.
+fn observe<E>(
+    scope: &Scope,
+    result: Result<(Answer, Outcome), GuardError<E>>,
+) -> Result<Answer, GuardError<E>> {
+    let outcome = match &result {
+        Ok((_, outcome)) => Some(*outcome),
+        Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
+        Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => Some(Outcome::InFlight),
+        Err(GuardError::Operation(_) | GuardError::Db(_)) => None,
+    };
+    if let Some(outcome) = outcome {
+        metrics::idempotency_outcome(scope.endpoint, outcome);
+        telemetry::note_outcome(outcome);
+    }
+    result.map(|(answer, _)| answer)
+}
+
+impl Guard {
+    /// The state machine around one execution: `execute` runs once this request owns
+    /// the key, and must complete the record under the fence it is handed.
+    async fn run_inner<E>(
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
-        operation: F,
-    ) -> Result<(Answer, Outcome), GuardError<E>>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
-    {
+        execute: impl AsyncFnOnce(Fence<'_>) -> Result<StoredResponse, GuardError<E>>,
+    ) -> Result<(Answer, Outcome), GuardError<E>> {
         // A completed record never changes until it expires: a retry the cache knows
         // is answered (or refused) without touching the database.
         let replayed = |response| {
@@ -160,9 +202,13 @@ impl Guard {
             scope: Some(scope.clone()),
             owner,
         };
-        let response = self
-            .execute(scope, fingerprint, owner, at, operation)
-            .await?;
+        let fence = Fence {
+            scope,
+            owner,
+            ttl_secs: self.config.ttl.as_secs() as i64,
+            at,
+        };
+        let response = execute(fence).await?;
         release.disarm();
         let answer = Answer {
             response,
@@ -287,39 +333,69 @@ impl Guard {
     /// the response is remembered for replays.
     async fn execute<E, F>(
         &self,
-        scope: &Scope,
         fingerprint: &Fingerprint,
-        owner: Uuid,
-        at: DateTime<Utc>,
+        fence: Fence<'_>,
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
         F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let mut tx = self.db.begin().await?;
-        let response = operation(&mut tx, at)
+        let response = operation(&mut tx, fence.at)
             .await
             .map_err(GuardError::Operation)?;
-        let ttl_secs = self.config.ttl.as_secs() as i64;
         // The record expires `ttl` after the completion's clock_timestamp(), which is
         // no earlier than this instant: counting from here ends no later than the row.
         let sent = Instant::now();
-        if !store::complete(&mut tx, scope, owner, &response, ttl_secs).await? {
-            // Our lease expired and another request took the key over: it alone may
-            // commit. Dropping `tx` rolls back everything this request wrote.
+        if !store::complete(&mut tx, &fence, &response).await? {
+            // Dropping `tx` rolls back everything this request wrote.
             drop(tx);
-            tracing::warn!(
-                endpoint = %scope.endpoint,
-                "lost the idempotency lease before completing; rolled back"
-            );
-            return Err(GuardError::LeaseLost {
-                retry_after: retry_after(self.config.lease),
-            });
+            return Err(self.lease_lost(fence.scope));
         }
         tx.commit().await?;
         self.cache
-            .remember(scope, *fingerprint, &response, sent, self.config.ttl);
+            .remember(fence.scope, *fingerprint, &response, sent, self.config.ttl);
         Ok(response)
+    }
+
+    /// Runs a one-statement operation (see [`Guard::run_in_one_statement`]); once it
+    /// has committed, the response is remembered for replays.
+    async fn execute_one_statement<E, F>(
+        &self,
+        fingerprint: &Fingerprint,
+        fence: Fence<'_>,
+        operation: F,
+    ) -> Result<StoredResponse, GuardError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
+    {
+        let mut conn = self.db.conn().await?;
+        // As in `execute`: no later than the completion's clock_timestamp().
+        let sent = Instant::now();
+        let written = operation(&mut conn, fence)
+            .await
+            .map_err(GuardError::Operation)?;
+        let Some(response) = written else {
+            // The statement wrote nothing (behind a pooler, dropping `conn` also rolls
+            // its transaction back).
+            drop(conn);
+            return Err(self.lease_lost(fence.scope));
+        };
+        conn.done().await?;
+        self.cache
+            .remember(fence.scope, *fingerprint, &response, sent, self.config.ttl);
+        Ok(response)
+    }
+
+    /// Our lease expired and another request took the key over: it alone may commit.
+    fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
+        tracing::warn!(
+            endpoint = %scope.endpoint,
+            "lost the idempotency lease before completing; rolled back"
+        );
+        GuardError::LeaseLost {
+            retry_after: retry_after(self.config.lease),
+        }
     }
 }
 

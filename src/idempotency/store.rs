@@ -14,7 +14,7 @@
 //! durable commit of a request.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::{
@@ -30,6 +30,19 @@ pub struct Scope {
     pub tenant: TenantId,
     pub endpoint: Endpoint,
     pub key: IdempotencyKey,
+}
+
+/// What a completion is fenced on: the record, the owner token its claim drew (the
+/// completion matches only while that token still owns it), and how long the stored
+/// response lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence<'a> {
+    pub scope: &'a Scope,
+    pub owner: Uuid,
+    pub ttl_secs: i64,
+    /// The database's clock when this request came to own the key: the time of the
+    /// change the operation makes.
+    pub at: DateTime<Utc>,
 }
 
 /// A stored response, replayed byte for byte: what the first execution answered.
@@ -93,13 +106,22 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
        AND state = 'COMPLETED' AND expires_at <= clock_timestamp()
      RETURNING clock_timestamp()";
 
-/// The fenced completion: matches only while the owner still owns the claim.
-pub const COMPLETE: &str = "UPDATE idempotency_record
+/// The text of the fenced completion (parameters `$1` to `$9`, see [`bind_completion`]),
+/// as a macro so that a one-statement operation can embed it with `concat!`.
+#[macro_export]
+macro_rules! fenced_completion {
+    () => {
+        "UPDATE idempotency_record
      SET state = 'COMPLETED', response_status = $5, response_location = $6,
          response_content_type = $7, response_body = $8, completed_at = clock_timestamp(),
          expires_at = clock_timestamp() + $9 * interval '1 second', lease_until = NULL
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'PROCESSING' AND owner_token = $4";
+       AND state = 'PROCESSING' AND owner_token = $4"
+    };
+}
+
+/// The fenced completion: matches only while the owner still owns the claim.
+pub const COMPLETE: &str = fenced_completion!();
 
 /// Gives a claim back: only the owner's own PROCESSING row.
 pub const RELEASE: &str = "DELETE FROM idempotency_record
@@ -279,25 +301,35 @@ pub async fn reclaim_expired(
 /// False means ownership was lost and the caller must roll back.
 pub async fn complete(
     tx: &mut PgConnection,
-    scope: &Scope,
-    owner: Uuid,
+    fence: &Fence<'_>,
     response: &StoredResponse,
-    ttl_secs: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(COMPLETE)
-        .persistent(crate::db::named_statements())
+    let query = sqlx::query(COMPLETE).persistent(crate::db::named_statements());
+    let done = bind_completion(query, fence, response)
+        .execute(&mut *tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Binds `$1` to `$9` of [`fenced_completion!`]: the record, its owner, the response
+/// and its lifetime. A statement that embeds the completion binds its own parameters
+/// after these.
+pub fn bind_completion<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    fence: &Fence<'q>,
+    response: &'q StoredResponse,
+) -> Query<'q, Postgres, PgArguments> {
+    let scope = fence.scope;
+    query
         .bind(scope.tenant.0)
         .bind(scope.endpoint.as_str())
         .bind(scope.key.as_str())
-        .bind(owner)
+        .bind(fence.owner)
         .bind(response.status as i16)
         .bind(&response.location)
         .bind(&response.content_type)
         .bind(&response.body)
-        .bind(ttl_secs)
-        .execute(&mut *tx)
-        .await?;
-    Ok(done.rows_affected() == 1)
+        .bind(fence.ttl_secs)
 }
 
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.

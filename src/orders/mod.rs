@@ -1,8 +1,9 @@
 //! Orders: the domain types and their SQL.
 //!
 //! This module owns the `orders` table and decides which outbox event a change emits;
-//! it knows nothing about HTTP or idempotency. Writes take the caller's transaction so
-//! that the order, its event and the stored response commit together. How an order
+//! it knows nothing about HTTP. Writes commit the order, its event and the stored
+//! response together: a cancel in the caller's transaction, a create in one statement
+//! that embeds the idempotency record's fenced completion. How an order
 //! looks on the wire is decided by its readers: the API (`api::orders`) and the event
 //! format (`outbox::event`).
 
@@ -49,6 +50,22 @@ pub struct Order {
 }
 
 impl Order {
+    /// A new order, created at `at` (the database's clock when the request came to own
+    /// its key). Built before anything is written, so that the response is known
+    /// before the statement that stores the order and the response together.
+    pub fn created(new: &NewOrder, at: DateTime<Utc>) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            sku: new.sku.clone(),
+            quantity: new.quantity,
+            customer_ref: new.customer_ref.clone(),
+            status: OrderStatus::Created,
+            created_at: at,
+            updated_at: at,
+            version: 1,
+        }
+    }
+
     /// The order as an event carries it.
     pub fn to_event_state(&self) -> OrderState {
         OrderState {

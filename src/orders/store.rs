@@ -1,12 +1,15 @@
-//! SQL of the `orders` table. Writes run inside the caller's transaction and append
-//! their outbox event through it, so the change and its event commit or vanish together.
+//! SQL of the `orders` table. Writes append their outbox event in the same transaction,
+//! so the change and its event commit or vanish together: a cancel inside the caller's
+//! transaction, a create as one statement that also completes its idempotency record.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::{CancelOutcome, NewOrder, Order, OrderStatus};
+use super::{CancelOutcome, Order};
 use crate::{
+    fenced_completion,
+    idempotency::store::{Fence, StoredResponse, bind_completion},
     metrics::EventType,
     outbox::{self, event::NewEvent},
     tenant::TenantId,
@@ -20,58 +23,53 @@ macro_rules! columns {
     };
 }
 
-/// The order and its `OrderCreated` event in one statement (one round trip). The
-/// event's columns are those of [`outbox::writer::APPEND`]; its body is built here
-/// from the order, which is known in full before the statement runs.
-pub const CREATE: &str = "WITH created AS (
+/// A create in one statement (one round trip, no `BEGIN`/`COMMIT`): the fenced
+/// completion of the idempotency record with the response, then the order only if the
+/// completion matched, then its `OrderCreated` event only if the order was inserted.
+/// One implicit transaction, so all three commit or none does. The event's columns are
+/// those of [`outbox::writer::APPEND`]; its body is built from the order, which is
+/// known in full before the statement runs, as is the response.
+pub const CREATE: &str = concat!(
+    "WITH completed AS (",
+    fenced_completion!(),
+    " RETURNING 1
+     ),
+     created AS (
          INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, 'CREATED', $6, $6)
+         SELECT $10, $11, $12, $13, $14, 'CREATED', $15, $15 FROM completed
          RETURNING tenant_id, id, version, updated_at
      )
      INSERT INTO outbox_event
             (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
-     SELECT tenant_id, $7, id, version, $8, $9, updated_at, clock_timestamp() FROM created";
+     SELECT tenant_id, $16, id, version, $17, $18, updated_at, clock_timestamp() FROM created"
+);
 
-/// Inserts the order, created at `at` (the database's clock when the request came to
-/// own its key), and its `OrderCreated` event.
+/// Inserts `order` (built by [`Order::created`]) and its `OrderCreated` event, and
+/// completes the record `fence` names with `response`, all or nothing. False when the
+/// fence no longer held (another request took the key over): nothing was written.
 pub async fn create(
-    tx: &mut PgConnection,
-    tenant: TenantId,
-    new: &NewOrder,
-    at: DateTime<Utc>,
-) -> sqlx::Result<Order> {
-    let order = Order {
-        id: Uuid::now_v7(),
-        sku: new.sku.clone(),
-        quantity: new.quantity,
-        customer_ref: new.customer_ref.clone(),
-        status: OrderStatus::Created,
-        created_at: at,
-        updated_at: at,
-        version: 1,
-    };
-    let event = event(tenant, EventType::OrderCreated, &order);
+    conn: &mut PgConnection,
+    fence: &Fence<'_>,
+    response: &StoredResponse,
+    order: &Order,
+) -> sqlx::Result<bool> {
+    let tenant = fence.scope.tenant;
+    let event = event(tenant, EventType::OrderCreated, order);
     let event_id = Uuid::now_v7();
-    let done = sqlx::query(CREATE)
-        .persistent(crate::db::named_statements())
+    let query = sqlx::query(CREATE).persistent(crate::db::named_statements());
+    let done = bind_completion(query, fence, response)
         .bind(tenant.0)
         .bind(order.id)
         .bind(&order.sku)
         .bind(order.quantity)
         .bind(&order.customer_ref)
-        .bind(at)
+        .bind(order.created_at)
         .bind(event_id)
         .bind(event.event_type.as_str())
         .bind(event.body(event_id))
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    if done.rows_affected() != 1 {
-        return Err(sqlx::Error::Protocol(format!(
-            "creating an order wrote {} outbox rows",
-            done.rows_affected()
-        )));
-    }
-    Ok(order)
+    Ok(done.rows_affected() == 1)
 }
 
 /// Cancels the order; a second cancel returns it unchanged and emits nothing.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::event::NewEvent;
 
 /// One event, in the caller's transaction. `orders::store::CREATE` folds the same
-/// columns into the order's own insert; keep the two alike.
+/// columns into a create's one statement; keep the two alike.
 pub const APPEND: &str = "INSERT INTO outbox_event
        (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())";

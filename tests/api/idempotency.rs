@@ -5,7 +5,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::support::{
-    TestApp, create_fingerprint, new_key, order_body, post_order, spawn_app, spawn_app_with,
+    TestApp, TestDb, create_fingerprint, new_key, order_body, post_order, spawn_app, spawn_app_with,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,6 +256,80 @@ async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
     );
     let replay = app.create(&token, &key, &body).await;
     assert_eq!(replay.body, b.1, "the key holds B's answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
+    use orderd::{
+        idempotency::{Fence, IdempotencyKey, Scope, StoredResponse},
+        metrics::Endpoint,
+        orders::{NewOrder, Order, store},
+        tenant::TenantId,
+    };
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    // The key belongs to another request (it took the key over from this one).
+    let current_owner = Uuid::new_v4();
+    db.insert_processing(tenant, &key, &[7; 32], "30 seconds", current_owner)
+        .await;
+    let scope = Scope {
+        tenant: TenantId(tenant),
+        endpoint: Endpoint::CreateOrder,
+        key: IdempotencyKey::parse(Some(&key)).unwrap(),
+    };
+    let new = NewOrder {
+        sku: "SKU-1".into(),
+        quantity: 1,
+        customer_ref: None,
+    };
+    let response = StoredResponse {
+        status: 201,
+        location: None,
+        content_type: Some("application/json".into()),
+        body: b"{}".to_vec(),
+    };
+    let mut fence = Fence {
+        scope: &scope,
+        owner: Uuid::new_v4(),
+        ttl_secs: 60,
+        at: chrono::Utc::now(),
+    };
+    let order = Order::created(&new, fence.at);
+    let mut conn = db.pool.acquire().await.unwrap();
+
+    let written = store::create(&mut conn, &fence, &response, &order)
+        .await
+        .unwrap();
+    assert!(!written, "a stale owner's statement reports the lost fence");
+    assert_eq!(
+        (db.count("orders").await, db.count("outbox_event").await),
+        (0, 0),
+        "and wrote no order and no event"
+    );
+    let (state, owner): (String, Uuid) =
+        sqlx::query_as("SELECT state, owner_token FROM idempotency_record")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), owner), ("PROCESSING", current_owner));
+
+    // The current owner's statement writes all three at once.
+    fence.owner = current_owner;
+    let written = store::create(&mut conn, &fence, &response, &order)
+        .await
+        .unwrap();
+    assert!(written);
+    assert_eq!(
+        (db.count("orders").await, db.count("outbox_event").await),
+        (1, 1)
+    );
+    let (state, body): (String, Vec<u8>) =
+        sqlx::query_as("SELECT state, response_body FROM idempotency_record")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), body), ("COMPLETED", b"{}".to_vec()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,6 +105,29 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     })
     .await;
     assert!(complete.contains("idempotency_record_pkey"), "{complete}");
+    // A create completes its record by key in the same statement.
+    let create = plan(&db, orders::CREATE, |q| {
+        q.bind(TENANT)
+            .bind(endpoint)
+            .bind("key-1")
+            .bind(Uuid::new_v4())
+            .bind(201i16)
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(vec![0u8])
+            .bind(60i64)
+            .bind(TENANT)
+            .bind(Uuid::new_v4())
+            .bind("SKU-1")
+            .bind(1i32)
+            .bind(None::<String>)
+            .bind(chrono::Utc::now())
+            .bind(Uuid::new_v4())
+            .bind("OrderCreated")
+            .bind(serde_json::json!({}))
+    })
+    .await;
+    assert!(create.contains("idempotency_record_pkey"), "{create}");
 
     let purge_expired = plan(&db, idem::PURGE_EXPIRED, |q| q.bind(1000i64)).await;
     assert!(

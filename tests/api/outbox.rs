@@ -13,7 +13,10 @@ use uuid::Uuid;
 use crate::{
     support::proxy::{Mode, Proxy},
     support::sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
-    support::{SECRET, TestApp, TestDb, new_key, order_body, settings, spawn_publishing_app},
+    support::{
+        SECRET, TestApp, TestDb, create_order_in, new_key, order_body, settings,
+        spawn_publishing_app,
+    },
 };
 
 async fn status_counts(db: &TestDb) -> HashMap<String, i64> {
@@ -142,10 +145,7 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     };
 
     let mut tx = db.pool.begin().await.unwrap();
-    let at = orderd::db::now(&mut tx).await.unwrap();
-    orderd::orders::store::create(&mut tx, tenant, &new, at)
-        .await
-        .unwrap();
+    create_order_in(&mut tx, tenant, &new).await;
     tx.rollback().await.unwrap();
     let counts: (i64, i64) =
         sqlx::query_as("SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_event)")
@@ -156,10 +156,7 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
 
     for _ in 0..10 {
         let mut tx = db.pool.begin().await.unwrap();
-        let at = orderd::db::now(&mut tx).await.unwrap();
-        let order = orderd::orders::store::create(&mut tx, tenant, &new, at)
-            .await
-            .unwrap();
+        let order = create_order_in(&mut tx, tenant, &new).await;
         orderd::orders::store::cancel(&mut tx, tenant, order.id)
             .await
             .unwrap();
@@ -671,11 +668,7 @@ async fn a_transaction_that_commits_late_is_not_skipped() {
         quantity: 1,
         customer_ref: None,
     };
-    let at = orderd::db::now(&mut late).await.unwrap();
-    let late_order =
-        orderd::orders::store::create(&mut late, orderd::tenant::TenantId(tenant), &new, at)
-            .await
-            .unwrap();
+    let late_order = create_order_in(&mut late, orderd::tenant::TenantId(tenant), &new).await;
 
     // A newer write commits and is published first.
     let newer = app

@@ -163,3 +163,47 @@ impl Drop for TestDb {
         .ok();
     }
 }
+
+/// Creates an order the way a create request does (claim a fresh key, then the one
+/// statement that completes it and writes the order and its event), inside `tx`, so a
+/// test can hold the write uncommitted or roll it back.
+pub async fn create_order_in(
+    tx: &mut PgConnection,
+    tenant: orderd::tenant::TenantId,
+    new: &orderd::orders::NewOrder,
+) -> orderd::orders::Order {
+    use orderd::idempotency::{
+        Fingerprint, IdempotencyKey,
+        store::{self, ClaimOrRead, Fence, Scope, StoredResponse},
+    };
+    let scope = Scope {
+        tenant,
+        endpoint: Endpoint::CreateOrder,
+        key: IdempotencyKey::parse(Some(&Uuid::new_v4().to_string())).unwrap(),
+    };
+    let owner = Uuid::new_v4();
+    let claimed = store::claim_or_read(&mut *tx, &scope, &Fingerprint::of(new), owner, 60_000)
+        .await
+        .unwrap();
+    let ClaimOrRead::Claimed { at } = claimed else {
+        panic!("a fresh key is claimed");
+    };
+    let fence = Fence {
+        scope: &scope,
+        owner,
+        ttl_secs: 3600,
+        at,
+    };
+    let order = orderd::orders::Order::created(new, at);
+    let response = StoredResponse {
+        status: 201,
+        location: None,
+        content_type: Some("application/json".into()),
+        body: b"{}".to_vec(),
+    };
+    let written = orderd::orders::store::create(&mut *tx, &fence, &response, &order)
+        .await
+        .unwrap();
+    assert!(written, "the fence of a fresh claim holds");
+    order
+}

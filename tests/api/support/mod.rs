@@ -13,5 +13,5 @@ pub use app::{
     Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, settings,
     spawn_app, spawn_app_on, spawn_app_with, spawn_publishing_app, spawn_publishing_app_on, token,
 };
-pub use db::{TestDb, admin_url};
+pub use db::{TestDb, admin_url, create_order_in};
 pub use process::{KillOnDrop, ServeProcess, sample};
