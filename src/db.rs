@@ -126,6 +126,14 @@ impl Conn {
             Conn::Tx(tx) => tx.commit().await,
         }
     }
+
+    /// Whether each statement on this connection has committed by the time it answers
+    /// (a direct connection; behind a pooler nothing commits before [`Conn::done`]). Such
+    /// a connection can carry on to the next step of a request instead of going back to
+    /// the pool: sqlx pings every connection it takes back, a round trip of its own.
+    pub fn autocommits(&self) -> bool {
+        matches!(self, Conn::Direct(_))
+    }
 }
 
 impl Deref for Conn {

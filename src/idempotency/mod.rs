@@ -36,7 +36,13 @@ pub use self::{
     key::{IdempotencyKey, KeyError},
     store::{Fence, Scope, StoredResponse},
 };
-use crate::{config::IdempotencyConfig, db::Db, metrics, metrics::Outcome, telemetry};
+use crate::{
+    config::IdempotencyConfig,
+    db::{Conn, Db},
+    metrics,
+    metrics::Outcome,
+    telemetry,
+};
 
 /// The future an operation returns: it borrows the transaction it was handed.
 pub type TxFuture<'c, E> = Pin<Box<dyn Future<Output = Result<StoredResponse, E>> + Send + 'c>>;
@@ -93,6 +99,8 @@ enum Claim {
         owner: Uuid,
         outcome: Outcome,
         at: DateTime<Utc>,
+        /// The connection the claim committed on, when the caller asked to keep it.
+        conn: Option<Conn>,
     },
     /// Answer with a stored response.
     Replay(StoredResponse),
@@ -118,7 +126,7 @@ impl Guard {
         F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, async |fence| {
+            .run_inner(scope, &fingerprint, false, async |fence, _| {
                 self.execute(&fingerprint, fence, operation).await
             })
             .await;
@@ -141,8 +149,8 @@ impl Guard {
         F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, async |fence| {
-                self.execute_one_statement(&fingerprint, fence, operation)
+            .run_inner(scope, &fingerprint, true, async |fence, conn| {
+                self.execute_one_statement(&fingerprint, fence, conn, operation)
                     .await
             })
             .await;
@@ -170,12 +178,15 @@ fn observe<E>(
 
 impl Guard {
     /// The state machine around one execution: `execute` runs once this request owns
-    /// the key, and must complete the record under the fence it is handed.
+    /// the key, and must complete the record under the fence it is handed. With
+    /// `keep_conn`, a fresh claim that committed on its own hands `execute` the
+    /// connection it ran on.
     async fn run_inner<E>(
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
-        execute: impl AsyncFnOnce(Fence<'_>) -> Result<StoredResponse, GuardError<E>>,
+        keep_conn: bool,
+        execute: impl AsyncFnOnce(Fence<'_>, Option<Conn>) -> Result<StoredResponse, GuardError<E>>,
     ) -> Result<(Answer, Outcome), GuardError<E>> {
         // A completed record never changes until it expires: a retry the cache knows
         // is answered (or refused) without touching the database.
@@ -191,9 +202,14 @@ impl Guard {
             Lookup::Conflict => return Err(GuardError::KeyReused),
             Lookup::Miss => {}
         }
-        let (owner, outcome, at) = match self.claim(scope, fingerprint).await? {
+        let (owner, outcome, at, conn) = match self.claim(scope, fingerprint, keep_conn).await? {
             Claim::Replay(response) => return replayed(response),
-            Claim::Owned { owner, outcome, at } => (owner, outcome, at),
+            Claim::Owned {
+                owner,
+                outcome,
+                at,
+                conn,
+            } => (owner, outcome, at, conn),
         };
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
@@ -208,7 +224,7 @@ impl Guard {
             ttl_secs: self.config.ttl.as_secs() as i64,
             at,
         };
-        let response = execute(fence).await?;
+        let response = execute(fence, conn).await?;
         release.disarm();
         let answer = Answer {
             response,
@@ -218,10 +234,13 @@ impl Guard {
     }
 
     /// Claim-or-read loop: ends owning the key, with a stored response, or an error.
+    /// With `keep_conn`, a fresh claim keeps the connection it committed on (see
+    /// [`Conn::autocommits`]); a takeover or reclaim, rare, does not.
     async fn claim<E>(
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
+        keep_conn: bool,
     ) -> Result<Claim, GuardError<E>> {
         let lease_ms = self.config.lease.as_millis() as i64;
         let wait_until = tokio::time::Instant::now() + self.config.inflight_wait;
@@ -235,18 +254,22 @@ impl Guard {
             let found = if row_exists {
                 self.db.run(async |c| store::read(c, scope).await).await?
             } else {
-                match self
-                    .db
-                    .run(async |c| {
-                        store::claim_or_read(c, scope, fingerprint, owner, lease_ms).await
-                    })
-                    .await?
-                {
+                let mut conn = self.db.conn().await?;
+                let found =
+                    store::claim_or_read(&mut *conn, scope, fingerprint, owner, lease_ms).await?;
+                let conn = if keep_conn && conn.autocommits() {
+                    Some(conn)
+                } else {
+                    conn.done().await?;
+                    None
+                };
+                match found {
                     ClaimOrRead::Claimed { at } => {
                         return Ok(Claim::Owned {
                             owner,
                             outcome: Outcome::Created,
                             at,
+                            conn,
                         });
                     }
                     ClaimOrRead::Existing(record) => Some(record),
@@ -291,6 +314,7 @@ impl Guard {
                             owner,
                             outcome: Outcome::Created,
                             at,
+                            conn: None,
                         });
                     }
                 }
@@ -311,6 +335,7 @@ impl Guard {
                             owner,
                             outcome: Outcome::LeaseTakeover,
                             at,
+                            conn: None,
                         });
                     }
                 }
@@ -364,12 +389,16 @@ impl Guard {
         &self,
         fingerprint: &Fingerprint,
         fence: Fence<'_>,
+        conn: Option<Conn>,
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
         F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
-        let mut conn = self.db.conn().await?;
+        let mut conn = match conn {
+            Some(conn) => conn,
+            None => self.db.conn().await?,
+        };
         // As in `execute`: no later than the completion's clock_timestamp().
         let sent = Instant::now();
         let written = operation(&mut conn, fence)
