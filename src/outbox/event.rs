@@ -59,9 +59,10 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// The message body for this event under `event_id`.
-    pub fn body(&self, event_id: Uuid) -> serde_json::Value {
-        serde_json::to_value(Event {
+    /// The message body for this event under `event_id`, bound as `jsonb` and
+    /// serialised straight into the statement (no intermediate JSON tree).
+    pub fn body(&self, event_id: Uuid) -> sqlx::types::Json<Event<'_>> {
+        sqlx::types::Json(Event {
             event_id,
             event_type: self.event_type,
             schema_version: SCHEMA_VERSION,
@@ -69,7 +70,6 @@ impl NewEvent {
             tenant_id: self.tenant.0,
             order: &self.order,
         })
-        .expect("events serialise to JSON")
     }
 }
 
@@ -125,6 +125,7 @@ mod tests {
                 "updated_at": "2026-11-29T19:35:23.428432+00:00"
             }
         });
-        assert_eq!(event.body(Uuid::from_u128(0x0c)), golden);
+        let body = serde_json::to_value(event.body(Uuid::from_u128(0x0c)).0).unwrap();
+        assert_eq!(body, golden);
     }
 }
