@@ -108,7 +108,6 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
 
 /// The text of the fenced completion (parameters `$1` to `$9`, see [`bind_completion`]),
 /// as a macro so that a one-statement operation can embed it with `concat!`.
-#[macro_export]
 macro_rules! fenced_completion {
     () => {
         "UPDATE idempotency_record
@@ -119,6 +118,8 @@ macro_rules! fenced_completion {
        AND state = 'PROCESSING' AND owner_token = $4"
     };
 }
+
+pub(crate) use fenced_completion;
 
 /// The fenced completion: matches only while the owner still owns the claim.
 pub const COMPLETE: &str = fenced_completion!();

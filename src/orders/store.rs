@@ -8,8 +8,7 @@ use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    fenced_completion,
-    idempotency::store::{Fence, StoredResponse, bind_completion},
+    idempotency::store::{Fence, StoredResponse, bind_completion, fenced_completion},
     metrics::EventType,
     outbox::{self, event::NewEvent},
     tenant::TenantId,
