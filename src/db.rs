@@ -109,6 +109,15 @@ impl Db {
             .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
             .await
     }
+
+    /// The same transaction as [`Db::begin`], on a connection the caller already holds.
+    pub async fn begin_on<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+    ) -> sqlx::Result<Transaction<'c, Postgres>> {
+        conn.begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
+            .await
+    }
 }
 
 /// A connection from [`Db::conn`].

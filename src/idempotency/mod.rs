@@ -126,8 +126,8 @@ impl Guard {
         F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, false, async |fence, _| {
-                self.execute(&fingerprint, fence, operation).await
+            .run_inner(scope, &fingerprint, async |fence, conn| {
+                self.execute(fence, conn, operation).await
             })
             .await;
         observe(scope, result)
@@ -149,43 +149,21 @@ impl Guard {
         F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, true, async |fence, conn| {
-                self.execute_one_statement(&fingerprint, fence, conn, operation)
-                    .await
+            .run_inner(scope, &fingerprint, async |fence, conn| {
+                self.execute_one_statement(fence, conn, operation).await
             })
             .await;
         observe(scope, result)
     }
-}
 
-/// Counts a guarded request's outcome.
-fn observe<E>(
-    scope: &Scope,
-    result: Result<(Answer, Outcome), GuardError<E>>,
-) -> Result<Answer, GuardError<E>> {
-    let outcome = match &result {
-        Ok((_, outcome)) => Some(*outcome),
-        Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
-        Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => Some(Outcome::InFlight),
-        Err(GuardError::Operation(_) | GuardError::Db(_)) => None,
-    };
-    if let Some(outcome) = outcome {
-        metrics::idempotency_outcome(scope.endpoint, outcome);
-        telemetry::note_outcome(outcome);
-    }
-    result.map(|(answer, _)| answer)
-}
-
-impl Guard {
     /// The state machine around one execution: `execute` runs once this request owns
-    /// the key, and must complete the record under the fence it is handed. With
-    /// `keep_conn`, a fresh claim that committed on its own hands `execute` the
-    /// connection it ran on.
+    /// the key, and must complete the record under the fence it is handed, on the
+    /// connection the claim committed on when there is one (see [`Conn::autocommits`]).
+    /// Once it has, the response is remembered for replays.
     async fn run_inner<E>(
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
-        keep_conn: bool,
         execute: impl AsyncFnOnce(Fence<'_>, Option<Conn>) -> Result<StoredResponse, GuardError<E>>,
     ) -> Result<(Answer, Outcome), GuardError<E>> {
         // A completed record never changes until it expires: a retry the cache knows
@@ -202,7 +180,7 @@ impl Guard {
             Lookup::Conflict => return Err(GuardError::KeyReused),
             Lookup::Miss => {}
         }
-        let (owner, outcome, at, conn) = match self.claim(scope, fingerprint, keep_conn).await? {
+        let (owner, outcome, at, conn) = match self.claim(scope, fingerprint).await? {
             Claim::Replay(response) => return replayed(response),
             Claim::Owned {
                 owner,
@@ -224,8 +202,13 @@ impl Guard {
             ttl_secs: self.config.ttl.as_secs() as i64,
             at,
         };
+        // The record expires `ttl` after the completion's clock_timestamp(), which is
+        // no earlier than this instant: counting from here ends no later than the row.
+        let sent = Instant::now();
         let response = execute(fence, conn).await?;
         release.disarm();
+        self.cache
+            .remember(scope, *fingerprint, &response, sent, self.config.ttl);
         let answer = Answer {
             response,
             replayed: false,
@@ -234,13 +217,12 @@ impl Guard {
     }
 
     /// Claim-or-read loop: ends owning the key, with a stored response, or an error.
-    /// With `keep_conn`, a fresh claim keeps the connection it committed on (see
-    /// [`Conn::autocommits`]); a takeover or reclaim, rare, does not.
+    /// A fresh claim keeps the connection it committed on when that connection
+    /// autocommits (see [`Conn::autocommits`]); a takeover or reclaim, rare, does not.
     async fn claim<E>(
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
-        keep_conn: bool,
     ) -> Result<Claim, GuardError<E>> {
         let lease_ms = self.config.lease.as_millis() as i64;
         let wait_until = tokio::time::Instant::now() + self.config.inflight_wait;
@@ -257,7 +239,7 @@ impl Guard {
                 let mut conn = self.db.conn().await?;
                 let found =
                     store::claim_or_read(&mut *conn, scope, fingerprint, owner, lease_ms).await?;
-                let conn = if keep_conn && conn.autocommits() {
+                let conn = if conn.autocommits() {
                     Some(conn)
                 } else {
                     conn.done().await?;
@@ -354,40 +336,37 @@ impl Guard {
         }
     }
 
-    /// Runs the operation and the fenced completion in one transaction; once committed,
-    /// the response is remembered for replays.
+    /// Runs the operation and the fenced completion in one transaction, on the claim's
+    /// connection when there is one.
     async fn execute<E, F>(
         &self,
-        fingerprint: &Fingerprint,
         fence: Fence<'_>,
+        mut conn: Option<Conn>,
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
         F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
-        let mut tx = self.db.begin().await?;
+        let mut tx = match &mut conn {
+            Some(conn) => self.db.begin_on(conn).await?,
+            None => self.db.begin().await?,
+        };
         let response = operation(&mut tx, fence.at)
             .await
             .map_err(GuardError::Operation)?;
-        // The record expires `ttl` after the completion's clock_timestamp(), which is
-        // no earlier than this instant: counting from here ends no later than the row.
-        let sent = Instant::now();
         if !store::complete(&mut tx, &fence, &response).await? {
             // Dropping `tx` rolls back everything this request wrote.
             drop(tx);
             return Err(self.lease_lost(fence.scope));
         }
         tx.commit().await?;
-        self.cache
-            .remember(fence.scope, *fingerprint, &response, sent, self.config.ttl);
         Ok(response)
     }
 
-    /// Runs a one-statement operation (see [`Guard::run_in_one_statement`]); once it
-    /// has committed, the response is remembered for replays.
+    /// Runs a one-statement operation (see [`Guard::run_in_one_statement`]), on the
+    /// claim's connection when there is one.
     async fn execute_one_statement<E, F>(
         &self,
-        fingerprint: &Fingerprint,
         fence: Fence<'_>,
         conn: Option<Conn>,
         operation: F,
@@ -399,8 +378,6 @@ impl Guard {
             Some(conn) => conn,
             None => self.db.conn().await?,
         };
-        // As in `execute`: no later than the completion's clock_timestamp().
-        let sent = Instant::now();
         let written = operation(&mut conn, fence)
             .await
             .map_err(GuardError::Operation)?;
@@ -411,8 +388,6 @@ impl Guard {
             return Err(self.lease_lost(fence.scope));
         };
         conn.done().await?;
-        self.cache
-            .remember(fence.scope, *fingerprint, &response, sent, self.config.ttl);
         Ok(response)
     }
 
@@ -426,6 +401,24 @@ impl Guard {
             retry_after: retry_after(self.config.lease),
         }
     }
+}
+
+/// Counts a guarded request's outcome.
+fn observe<E>(
+    scope: &Scope,
+    result: Result<(Answer, Outcome), GuardError<E>>,
+) -> Result<Answer, GuardError<E>> {
+    let outcome = match &result {
+        Ok((_, outcome)) => Some(*outcome),
+        Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
+        Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => Some(Outcome::InFlight),
+        Err(GuardError::Operation(_) | GuardError::Db(_)) => None,
+    };
+    if let Some(outcome) = outcome {
+        metrics::idempotency_outcome(scope.endpoint, outcome);
+        telemetry::note_outcome(outcome);
+    }
+    result.map(|(answer, _)| answer)
 }
 
 /// Deletes the claim if dropped while armed: covers errors, panics and cancellation.
