@@ -3,8 +3,12 @@
 //! big enough that the planner would rather not scan them.
 
 use orderd::{
-    idempotency::store as idem, metrics::Endpoint, orders::store as orders,
-    outbox::store as outbox, reconcile,
+    idempotency::{IdempotencyKey, store as idem},
+    metrics::Endpoint,
+    orders::store as orders,
+    outbox::store as outbox,
+    reconcile,
+    tenant::TenantId,
 };
 use sqlx::{Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
@@ -12,10 +16,10 @@ use uuid::Uuid;
 use crate::support::TestDb;
 
 /// `EXPLAIN` of `sql`, with the parameters `bind` adds.
-async fn plan(
+async fn plan<'q>(
     db: &TestDb,
     sql: &str,
-    bind: impl FnOnce(Query<'_, Postgres, PgArguments>) -> Query<'_, Postgres, PgArguments>,
+    bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
 ) -> String {
     let query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
     let rows: Vec<String> = bind(query)
@@ -92,30 +96,32 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
             "{name}: {by_key}"
         );
     }
+    // The completion's parameters, bound as the code binds them.
+    let scope = idem::Scope {
+        tenant: TenantId(TENANT),
+        endpoint: Endpoint::CreateOrder,
+        key: IdempotencyKey::parse(Some("key-0000000000000001")).unwrap(),
+    };
+    let fence = idem::Fence {
+        scope: &scope,
+        owner: Uuid::new_v4(),
+        ttl_secs: 60,
+        at: chrono::Utc::now(),
+    };
+    let response = idem::StoredResponse {
+        status: 201,
+        location: None,
+        content_type: None,
+        body: vec![0u8],
+    };
     let complete = plan(&db, idem::COMPLETE, |q| {
-        q.bind(TENANT)
-            .bind(endpoint)
-            .bind("key-1")
-            .bind(Uuid::new_v4())
-            .bind(201i16)
-            .bind(None::<String>)
-            .bind(None::<String>)
-            .bind(vec![0u8])
-            .bind(60i64)
+        idem::bind_completion(q, &fence, &response)
     })
     .await;
     assert!(complete.contains("idempotency_record_pkey"), "{complete}");
     // A create completes its record by key in the same statement.
     let create = plan(&db, orders::CREATE, |q| {
-        q.bind(TENANT)
-            .bind(endpoint)
-            .bind("key-1")
-            .bind(Uuid::new_v4())
-            .bind(201i16)
-            .bind(None::<String>)
-            .bind(None::<String>)
-            .bind(vec![0u8])
-            .bind(60i64)
+        idem::bind_completion(q, &fence, &response)
             .bind(TENANT)
             .bind(Uuid::new_v4())
             .bind("SKU-1")
