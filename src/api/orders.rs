@@ -2,8 +2,9 @@
 //!
 //! Handlers parse and authorise, then call the operations below, which hand writes to
 //! the idempotency guard with a closure that calls the orders module: a cancel inside
-//! the guard's transaction, a create as the one statement that also completes the key. The operations are shared with the MCP tools, so that a tool
-//! call and a REST call are the same operation with the same stored response.
+//! the guard's transaction, a create as the one statement that also completes the key.
+//! The operations are shared with the MCP tools, so that a tool call and a REST call
+//! are the same operation with the same stored response.
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use chrono::{DateTime, Datelike, Utc};

@@ -3,9 +3,9 @@
 //! This module owns the `orders` table and decides which outbox event a change emits;
 //! it knows nothing about HTTP. Writes commit the order, its event and the stored
 //! response together: a cancel in the caller's transaction, a create in one statement
-//! that embeds the idempotency record's fenced completion. How an order
-//! looks on the wire is decided by its readers: the API (`api::orders`) and the event
-//! format (`outbox::event`).
+//! that embeds the idempotency record's fenced completion. How an order looks on the
+//! wire is decided by its readers: the API (`api::orders`) and the event format
+//! (`outbox::event`).
 
 pub mod store;
 
