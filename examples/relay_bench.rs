@@ -13,9 +13,10 @@
 //! emptied before each run.
 
 use std::{
+    collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -89,6 +90,36 @@ impl Publisher for Immediate {
     }
 }
 
+/// Notes when the publisher it wraps acknowledged each order's event, on this process's
+/// monotonic clock. With the instant each writer saw its commit, that gives the relay's
+/// own share of the latency: from a commit to its event's acknowledgement, without the
+/// write's own time (the claim, the statement, the fsync), which the database clock
+/// would include (an order's `occurred_at` is its claim's time).
+struct Stamped {
+    inner: Arc<dyn Publisher>,
+    acknowledged: Mutex<HashMap<Uuid, Instant>>,
+}
+
+impl Publisher for Stamped {
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [Message],
+    ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>> {
+        Box::pin(async move {
+            let outcomes = self.inner.publish(messages).await;
+            let now = Instant::now();
+            let mut acknowledged = self.acknowledged.lock().expect("not poisoned");
+            for (message, outcome) in messages.iter().zip(&outcomes) {
+                if *outcome == Outcome::Published {
+                    // At least once: the first acknowledgement is the one that counts.
+                    acknowledged.entry(message.aggregate_id).or_insert(now);
+                }
+            }
+            outcomes
+        })
+    }
+}
+
 async fn publisher(target: Target) -> Arc<dyn Publisher> {
     match target {
         Target::Immediate => Arc::new(Immediate),
@@ -140,9 +171,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
         .min(sorted.len() - 1)]
 }
 
-/// Writes orders at `rate`/s for `seconds` through the orders module (one transaction
-/// each, as the API does) while one relay publishes; reports commit-to-publish latency
-/// from the database clock.
+/// Writes orders at `rate`/s for `seconds` as a create request writes them (the guard's
+/// claim, then one statement) while one relay publishes. Reports the latency from each
+/// commit, as its writer saw it, to the publisher's acknowledgement of its event (see
+/// [`Stamped`]), and for comparison the database clock's claim-to-mark time.
 async fn latency(
     config: Config,
     publisher: Arc<dyn Publisher>,
@@ -156,7 +188,11 @@ async fn latency(
     let guard = Guard::new(db.clone(), config.idempotency.clone());
     let stop = CancellationToken::new();
     let listen_on = orderd::db::direct_options(&config).expect("a URL");
-    let relay = Relay::new(db, listen_on, publisher, config.outbox.clone());
+    let stamped = Arc::new(Stamped {
+        inner: publisher,
+        acknowledged: Mutex::new(HashMap::new()),
+    });
+    let relay = Relay::new(db, listen_on, stamped.clone(), config.outbox.clone());
     let relay = if listen {
         relay
     } else {
@@ -185,7 +221,7 @@ async fn latency(
                 key: IdempotencyKey::parse(Some(&Uuid::new_v4().to_string())).expect("a key"),
             };
             let fingerprint = Fingerprint::of(&new);
-            guard
+            let answer = guard
                 .run_in_one_statement(&scope, fingerprint, move |conn, fence| {
                     Box::pin(async move {
                         let order = Order::created(&new, fence.at);
@@ -201,9 +237,15 @@ async fn latency(
                 })
                 .await
                 .expect("create");
+            let committed = Instant::now();
+            let order_id = std::str::from_utf8(&answer.response.body)
+                .ok()
+                .and_then(|id| Uuid::parse_str(id).ok())
+                .expect("the response body is the order id");
+            (order_id, committed)
         });
     }
-    writers.join_all().await;
+    let committed = writers.join_all().await;
     let write_secs = started.elapsed().as_secs_f64();
     loop {
         let pending: i64 =
@@ -216,6 +258,18 @@ async fn latency(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let acknowledged = stamped.acknowledged.lock().expect("not poisoned").clone();
+    let mut shares: Vec<f64> = committed
+        .iter()
+        .map(|(order_id, at)| {
+            let acked = acknowledged
+                .get(order_id)
+                .expect("every event was published");
+            // Zero when the relay's acknowledgement came before the writer's task ran again.
+            acked.saturating_duration_since(*at).as_secs_f64() * 1000.0
+        })
+        .collect();
+    shares.sort_by(|a, b| a.total_cmp(b));
     let mut lags: Vec<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",
     )
@@ -224,11 +278,13 @@ async fn latency(
     .expect("lags");
     lags.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim-to-mark on the database clock p50 {:.1} ms, p99 {:.1} ms",
         total as f64 / write_secs,
+        percentile(&shares, 0.5),
+        percentile(&shares, 0.99),
+        shares.last().copied().unwrap_or_default(),
         percentile(&lags, 0.5),
         percentile(&lags, 0.99),
-        lags.last().copied().unwrap_or_default()
     );
     stop.cancel();
     task.await.expect("relay");
