@@ -4,7 +4,9 @@
 # `ensure_postgres`, not run.
 
 # Creates database $2 on the server of DATABASE_URL, migrates it and serves it with the
-# binary $1, logging to $3. Sets BENCH_URL, PORT, BASE, ORDERD_PID and exports TOKEN (a
+# binary $1, logging to $3. One worker thread (ORDERD_WORKER_THREADS=1, overridable):
+# PostgreSQL and the load tool share the two cores, and a second worker spent more on
+# waking threads than it gained (docs/performance.md). Sets BENCH_URL, PORT, BASE, ORDERD_PID and exports TOKEN (a
 # fresh tenant's, valid an hour).
 bench_orderd_start() {
     local bin="$1" log="$3"
@@ -16,7 +18,8 @@ bench_orderd_start() {
     PORT="$(free_port)"
     DATABASE_URL="$BENCH_URL" ORDERD_BIND="127.0.0.1:$PORT" ORDERD_RELAY=off ORDERD_MIGRATE=off \
         ORDERD_TENANT_RATE_PER_SEC=0 ORDERD_TENANT_MAX_IN_FLIGHT=10000 \
-        ORDERD_RECONCILE_INTERVAL_SECS=0 RUST_LOG=warn "$bin" serve 2>"$log" &
+        ORDERD_RECONCILE_INTERVAL_SECS=0 ORDERD_WORKER_THREADS="${ORDERD_WORKER_THREADS:-1}" \
+        RUST_LOG=warn "$bin" serve 2>"$log" &
     ORDERD_PID=$!
     wait_healthy "$PORT"
     BASE="http://127.0.0.1:$PORT"

@@ -16,10 +16,10 @@
 use std::{
     ops::{Deref, DerefMut},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use sqlx::{
@@ -66,15 +66,84 @@ pub struct Db {
     pooled: bool,
     /// `BEGIN` with the statement timeouts as `SET LOCAL`, one round trip.
     begin: Arc<str>,
+    spare: Arc<Spare>,
+}
+
+/// Direct connections whose last use ended cleanly ([`Conn::done`]), kept out of the
+/// pool for the next caller. sqlx pings every connection it takes back, a `Sync` round
+/// trip in a task of its own, in case a cancelled statement left it mid-protocol: a
+/// tenth of orderd's CPU per create, and a wake-up of the server. A connection handed
+/// back here finished its last statement, so it needs no such check; one dropped
+/// without [`Conn::done`] (an error, a cancelled request) still goes back through the
+/// pool and its ping.
+///
+/// The spares are the pool's own connections (checked out, as far as sqlx knows), taken
+/// before the pool is asked, newest first. Two rules keep them from hiding a
+/// connection from someone who needs one: every acquisition goes through [`Db`], which
+/// looks here first; and a connection is kept only while the pool has an idle one or
+/// room for more, so that a caller already waiting inside the pool (it found no spare)
+/// is served by the next connection handed back. One idle for [`PING_IF_IDLE_FOR`] goes
+/// back through the pool, which checks it, as it does its own idle ones.
+#[derive(Debug)]
+struct Spare {
+    pool: PgPool,
+    max: u32,
+    conns: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+}
+
+impl Spare {
+    fn new(pool: PgPool) -> Self {
+        Self {
+            max: pool.options().get_max_connections(),
+            pool,
+            conns: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The most recently kept connection that is fresh enough to use unchecked.
+    fn take(&self) -> Option<PoolConnection<Postgres>> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((conn, kept)) = conns.pop() {
+            if kept.elapsed() < PING_IF_IDLE_FOR {
+                return Some(conn);
+            }
+            // Older than that, like everything below it: back through the pool.
+            drop(conn);
+        }
+        None
+    }
+
+    fn keep(&self, conn: PoolConnection<Postgres>) {
+        if self.pool.num_idle() == 0 && self.pool.size() >= self.max {
+            // Someone may be waiting inside the pool: it gets this one.
+            drop(conn);
+            return;
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.push((conn, Instant::now()));
+    }
 }
 
 impl Db {
+    fn new(pool: PgPool, pooled: bool, statement_timeout: Duration) -> Self {
+        Self {
+            spare: Arc::new(Spare::new(pool.clone())),
+            pool,
+            pooled,
+            begin: begin_statement(statement_timeout).into(),
+        }
+    }
+
     /// A database reached directly through `pool` (tests and tools).
     pub fn direct(pool: PgPool, statement_timeout: Duration) -> Self {
-        Self {
-            pool,
-            pooled: false,
-            begin: begin_statement(statement_timeout).into(),
+        Self::new(pool, false, statement_timeout)
+    }
+
+    /// A direct connection: a spare if there is one, else one from the pool.
+    async fn acquire(&self) -> sqlx::Result<PoolConnection<Postgres>> {
+        match self.spare.take() {
+            Some(conn) => Ok(conn),
+            None => self.pool.acquire().await,
         }
     }
 
@@ -86,9 +155,12 @@ impl Db {
     /// a short transaction behind a pooler. Call [`Conn::done`] when finished.
     pub async fn conn(&self) -> sqlx::Result<Conn> {
         if self.pooled {
-            Ok(Conn::Tx(self.begin().await?))
+            Ok(Conn(ConnKind::Tx(self.begin().await?)))
         } else {
-            Ok(Conn::Direct(self.pool.acquire().await?))
+            Ok(Conn(ConnKind::Direct(
+                self.acquire().await?,
+                self.spare.clone(),
+            )))
         }
     }
 
@@ -104,6 +176,9 @@ impl Db {
     }
 
     /// A transaction with the statement timeouts set for it.
+    /// Straight from the pool, not from the spares (which a waiter there does not
+    /// miss; see [`Spare`]): behind a pooler, and for the rare write whose claim did
+    /// not leave it a connection.
     pub async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
         self.pool
             .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
@@ -121,18 +196,26 @@ impl Db {
 }
 
 /// A connection from [`Db::conn`].
-pub enum Conn {
-    Direct(PoolConnection<Postgres>),
+pub struct Conn(ConnKind);
+
+enum ConnKind {
+    /// Kept as a spare by [`Conn::done`].
+    Direct(PoolConnection<Postgres>, Arc<Spare>),
     Tx(Transaction<'static, Postgres>),
 }
 
 impl Conn {
-    /// Ends the connection's use: commits the transaction behind a pooler. Dropping a
-    /// `Conn` instead rolls that transaction back.
+    /// Ends the connection's use after its last statement completed: commits the
+    /// transaction behind a pooler; keeps a direct connection as a spare. Dropping a
+    /// `Conn` instead rolls that transaction back, or returns the connection through
+    /// the pool's check.
     pub async fn done(self) -> sqlx::Result<()> {
-        match self {
-            Conn::Direct(_) => Ok(()),
-            Conn::Tx(tx) => tx.commit().await,
+        match self.0 {
+            ConnKind::Direct(conn, spare) => {
+                spare.keep(conn);
+                Ok(())
+            }
+            ConnKind::Tx(tx) => tx.commit().await,
         }
     }
 
@@ -141,7 +224,7 @@ impl Conn {
     /// a connection can carry on to the next step of a request instead of going back to
     /// the pool: sqlx pings every connection it takes back, a round trip of its own.
     pub fn autocommits(&self) -> bool {
-        matches!(self, Conn::Direct(_))
+        matches!(self.0, ConnKind::Direct(..))
     }
 }
 
@@ -149,18 +232,18 @@ impl Deref for Conn {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        match self {
-            Conn::Direct(conn) => conn,
-            Conn::Tx(tx) => tx,
+        match &self.0 {
+            ConnKind::Direct(conn, _) => conn,
+            ConnKind::Tx(tx) => tx,
         }
     }
 }
 
 impl DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        match self {
-            Conn::Direct(conn) => conn,
-            Conn::Tx(tx) => tx,
+        match &mut self.0 {
+            ConnKind::Direct(conn, _) => conn,
+            ConnKind::Tx(tx) => tx,
         }
     }
 }
@@ -211,11 +294,7 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
         .connect_with(options.clone())
         .await
         .map_err(|e| explain(e, &options, "DATABASE_URL"))?;
-    Ok(Db {
-        pool,
-        pooled,
-        begin: begin_statement(config.db_statement_timeout).into(),
-    })
+    Ok(Db::new(pool, pooled, config.db_statement_timeout))
 }
 
 /// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` needs).

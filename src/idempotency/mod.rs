@@ -360,6 +360,9 @@ impl Guard {
             return Err(self.lease_lost(fence.scope));
         }
         tx.commit().await?;
+        if let Some(conn) = conn {
+            conn.done().await?;
+        }
         Ok(response)
     }
 

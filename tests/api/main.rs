@@ -17,6 +17,7 @@ mod observability;
 mod openapi;
 mod orders;
 mod outbox;
+mod pool;
 mod purge;
 mod reconcile;
 mod replay_cache;

@@ -1,0 +1,105 @@
+//! The database handle keeps connections whose last statement completed as spares for
+//! the next caller, out of sqlx's pool and its ping on release, and never at the
+//! expense of a caller waiting inside that pool.
+
+use std::time::Duration;
+
+use orderd::db::{Db, connect_db};
+use sqlx::PgConnection;
+
+use crate::support::{TestDb, settings};
+
+async fn db_of(test_db: &TestDb, size: &str) -> Db {
+    connect_db(&settings(test_db, &[("ORDERD_DB_POOL_SIZE", size)]))
+        .await
+        .expect("database")
+}
+
+async fn backend(conn: &mut PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .expect("a backend")
+}
+
+/// Lets anything the pool does after a connection comes back (its ping, in a task of
+/// its own) finish before the pool is looked at.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_handed_back_serves_the_next_caller_without_the_pool() {
+    let test_db = TestDb::new().await;
+    let db = db_of(&test_db, "4").await;
+    let mut first = db.conn().await.unwrap();
+    let pid = backend(&mut first).await;
+    first.done().await.unwrap();
+    settle().await;
+    // Not back in the pool (nothing idle there), so it was never pinged on the way.
+    assert_eq!(db.pool().num_idle(), 0, "the connection is kept as a spare");
+
+    let mut next = db.conn().await.unwrap();
+    assert_eq!(
+        backend(&mut next).await,
+        pid,
+        "the spare serves the next caller"
+    );
+    // Dropped without `done` (what an error or a cancelled request does): back through
+    // the pool and its check.
+    drop(next);
+    settle().await;
+    assert_eq!(db.pool().num_idle(), 1, "returned through the pool");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_waiting_inside_the_pool_gets_the_next_connection_handed_back() {
+    let test_db = TestDb::new().await;
+    let db = db_of(&test_db, "2").await;
+    let first = db.conn().await.unwrap();
+    let second = db.conn().await.unwrap();
+    // Every connection is out; this one waits inside the pool, where spares are not.
+    let waiting = tokio::spawn({
+        let db = db.clone();
+        async move { db.begin().await }
+    });
+    settle().await;
+    assert!(!waiting.is_finished(), "nothing was free");
+
+    first.done().await.unwrap();
+    // Served now, not after the pool's acquire timeout (which would be an error).
+    let tx = waiting
+        .await
+        .unwrap()
+        .expect("the waiter got the connection handed back");
+    tx.commit().await.unwrap();
+    second.done().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_callers_on_a_small_pool_are_all_served() {
+    let test_db = TestDb::new().await;
+    let db = db_of(&test_db, "2").await;
+    // Sixteen callers on two connections, mixing the spare-first path (`run`, `conn`)
+    // with the pool-only one (`begin`): a spare hidden from a waiter would show up as
+    // the pool's acquire timeout.
+    let callers = (0..16).map(|i| {
+        let db = db.clone();
+        tokio::spawn(async move {
+            for round in 0..25 {
+                if (i + round) % 3 == 0 {
+                    let mut tx = db.begin().await?;
+                    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                    tx.commit().await?;
+                } else {
+                    db.run(async |c| sqlx::query("SELECT 1").execute(c).await)
+                        .await?;
+                }
+            }
+            Ok::<_, sqlx::Error>(())
+        })
+    });
+    for caller in futures::future::join_all(callers).await {
+        caller.unwrap().expect("served");
+    }
+}
