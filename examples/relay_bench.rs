@@ -258,17 +258,19 @@ async fn latency(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let acknowledged = stamped.acknowledged.lock().expect("not poisoned").clone();
-    let mut shares: Vec<f64> = committed
-        .iter()
-        .map(|(order_id, at)| {
-            let acked = acknowledged
-                .get(order_id)
-                .expect("every event was published");
-            // Zero when the relay's acknowledgement came before the writer's task ran again.
-            acked.saturating_duration_since(*at).as_secs_f64() * 1000.0
-        })
-        .collect();
+    let mut shares: Vec<f64> = {
+        let acknowledged = stamped.acknowledged.lock().expect("not poisoned");
+        committed
+            .iter()
+            .map(|(order_id, at)| {
+                let acked = acknowledged
+                    .get(order_id)
+                    .expect("every event was published");
+                // Zero when the relay's acknowledgement came before the writer's task ran again.
+                acked.saturating_duration_since(*at).as_secs_f64() * 1000.0
+            })
+            .collect()
+    };
     shares.sort_by(|a, b| a.total_cmp(b));
     let mut lags: Vec<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",

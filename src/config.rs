@@ -325,9 +325,6 @@ pub struct Config {
     pub tenant_limits: TenantLimits,
     /// Connections of the process's one pool.
     pub db_pool_size: u32,
-    /// Runtime worker threads (`None`: one per core); the binary reads it before the
-    /// runtime exists, through [`worker_threads_from_env`].
-    pub worker_threads: Option<usize>,
     /// The longest a statement may run (and a transaction stay idle).
     pub db_statement_timeout: Duration,
     /// How often the retention purges run.
@@ -352,6 +349,9 @@ impl Config {
         let database_direct_url = env
             .text(&DATABASE_DIRECT_URL)
             .unwrap_or(database_url.clone());
+        // Used before the runtime and the configuration exist (see
+        // `worker_threads_from_env`); checked here too, so that every setting is.
+        worker_threads_from_lookup(lookup)?;
         let config = Config {
             database_url: Secret::new(database_url),
             database_direct_url: Secret::new(database_direct_url),
@@ -401,7 +401,6 @@ impl Config {
                 max_in_flight: env.number(&TENANT_MAX_IN_FLIGHT)? as u32,
             },
             db_pool_size: env.number(&DB_POOL_SIZE)? as u32,
-            worker_threads: worker_threads_from_lookup(lookup)?,
             db_statement_timeout: env.millis(&DB_STATEMENT_TIMEOUT_MS)?,
             purge_interval: env.secs(&PURGE_INTERVAL_SECS)?,
             reconcile_interval: Some(env.secs(&RECONCILE_INTERVAL_SECS)?)

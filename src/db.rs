@@ -87,14 +87,12 @@ pub struct Db {
 #[derive(Debug)]
 struct Spare {
     pool: PgPool,
-    max: u32,
     conns: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
 }
 
 impl Spare {
     fn new(pool: PgPool) -> Self {
         Self {
-            max: pool.options().get_max_connections(),
             pool,
             conns: Mutex::new(Vec::new()),
         }
@@ -114,7 +112,9 @@ impl Spare {
     }
 
     fn keep(&self, conn: PoolConnection<Postgres>) {
-        if self.pool.num_idle() == 0 && self.pool.size() >= self.max {
+        if self.pool.num_idle() == 0
+            && self.pool.size() >= self.pool.options().get_max_connections()
+        {
             // Someone may be waiting inside the pool: it gets this one.
             drop(conn);
             return;
@@ -176,6 +176,7 @@ impl Db {
     }
 
     /// A transaction with the statement timeouts set for it.
+    ///
     /// Straight from the pool, not from the spares (which a waiter there does not
     /// miss; see [`Spare`]): behind a pooler, and for the rare write whose claim did
     /// not leave it a connection.
@@ -221,8 +222,8 @@ impl Conn {
 
     /// Whether each statement on this connection has committed by the time it answers
     /// (a direct connection; behind a pooler nothing commits before [`Conn::done`]). Such
-    /// a connection can carry on to the next step of a request instead of going back to
-    /// the pool: sqlx pings every connection it takes back, a round trip of its own.
+    /// a connection can carry on to the next step of a request instead of being handed
+    /// back: a write that holds a claim then never waits for a connection.
     pub fn autocommits(&self) -> bool {
         matches!(self.0, ConnKind::Direct(..))
     }

@@ -6,7 +6,7 @@ use clap::Parser;
 use orderd::cli::{self, Cli};
 
 /// mimalloc instead of the system allocator: a request allocates and frees many small
-/// objects (headers, JSON, SQL buffers) across two worker threads, and glibc's malloc
+/// objects (headers, JSON, SQL buffers) across worker threads, and glibc's malloc
 /// was a tenth of a create's CPU (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
