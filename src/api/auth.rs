@@ -26,7 +26,7 @@ pub struct BearerAuth(pub Caller);
 
 /// A verified caller, holding one of its tenant's in-flight permits until dropped.
 pub struct Caller {
-    pub principal: Principal,
+    pub principal: Arc<Principal>,
     _admission: Admission,
 }
 

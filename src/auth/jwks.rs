@@ -12,7 +12,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, RwLock},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -48,6 +51,9 @@ pub struct Jwks {
     url: String,
     client: HttpsClient,
     keys: RwLock<Option<Arc<Keys>>>,
+    /// Counts the sets fetched, so that tokens verified under an older set are checked
+    /// again (see [`super::verified`]).
+    generation: AtomicU64,
     /// When an unknown `kid` last caused a fetch; serialises those fetches too.
     last_unknown_fetch: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -58,6 +64,7 @@ impl Jwks {
             url,
             client: https_client(),
             keys: RwLock::new(None),
+            generation: AtomicU64::new(0),
             last_unknown_fetch: tokio::sync::Mutex::new(None),
         }
     }
@@ -65,6 +72,11 @@ impl Jwks {
     /// Whether a set was ever fetched.
     pub fn has_keys(&self) -> bool {
         self.current().is_some()
+    }
+
+    /// Which fetched set is current; changes after each fetch, once the set is in place.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     fn current(&self) -> Option<Arc<Keys>> {
@@ -100,6 +112,7 @@ impl Jwks {
             Ok(keys) => {
                 tracing::info!(keys = keys.len(), "fetched the JSON Web Key Set");
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(keys));
+                self.generation.fetch_add(1, Ordering::AcqRel);
                 true
             }
             Err(why) => {

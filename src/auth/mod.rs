@@ -8,16 +8,24 @@
 //! with the secret, RS256 with an RSA public key, ES256 with an EC one, and for a JWKS
 //! the key's own `alg` (or its type). That refuses `alg: none` (not even parseable) and
 //! algorithm confusion (an HS256 token "signed" with a public key as its secret).
+//!
+//! A token that verified is remembered for a while ([`verified`]), so a client that
+//! sends the same token with every request pays for the check once.
 
 pub mod jwks;
+pub mod verified;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use self::jwks::Jwks;
+use self::{jwks::Jwks, verified::VerifiedTokens};
 use crate::{
     config::{ConfigError, JwtConfig, Secret},
     tenant::TenantId,
@@ -68,6 +76,8 @@ struct Claims {
     tenant_id: Uuid,
     sub: String,
     scope: String,
+    /// Already checked by the validation; read again to know how long the token lasts.
+    exp: u64,
 }
 
 /// What `orderd token` signs.
@@ -97,6 +107,7 @@ pub struct Verifier {
     keys: Keys,
     issuer: Option<String>,
     audience: Option<String>,
+    verified: VerifiedTokens,
 }
 
 impl Verifier {
@@ -138,6 +149,7 @@ impl Verifier {
             keys,
             issuer: config.issuer.clone(),
             audience: config.audience.clone(),
+            verified: VerifiedTokens::default(),
         })
     }
 
@@ -157,8 +169,38 @@ impl Verifier {
         }
     }
 
-    /// Verifies `token` and returns the caller, or why not.
-    pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+    /// Verifies `token` and returns the caller, or why not; a token that verified
+    /// recently under the same keys is answered from memory.
+    pub async fn verify(&self, token: &str) -> Result<Arc<Principal>, AuthError> {
+        // Read before the keys are: a fetch in between makes the entry stale, never
+        // the other way round.
+        let generation = match &self.keys {
+            Keys::Jwks(jwks) => jwks.generation(),
+            _ => 0,
+        };
+        let checked = Instant::now();
+        if let Some(principal) = self.verified.get(token, generation, checked) {
+            return Ok(principal);
+        }
+        let (principal, exp) = self.check(token).await?;
+        let principal = Arc::new(principal);
+        // The check accepts the token until `exp` plus the leeway, in whole seconds.
+        let accepted_until = Duration::from_secs(exp.saturating_add(LEEWAY_SECS));
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.verified.remember(
+            token,
+            principal.clone(),
+            generation,
+            checked,
+            accepted_until.saturating_sub(now),
+        );
+        Ok(principal)
+    }
+
+    /// The full check of a token's signature and claims: the caller and its `exp`.
+    async fn check(&self, token: &str) -> Result<(Principal, u64), AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| {
             AuthError::InvalidToken("the token is malformed or uses an unsupported algorithm")
         })?;
@@ -188,7 +230,7 @@ impl Verifier {
         token: &str,
         alg: Algorithm,
         key: &DecodingKey,
-    ) -> Result<Principal, AuthError> {
+    ) -> Result<(Principal, u64), AuthError> {
         let mut validation = Validation::new(alg);
         validation.required_spec_claims = ["exp", "sub"].into_iter().map(String::from).collect();
         validation.validate_exp = true;
@@ -223,7 +265,7 @@ impl Verifier {
             })
         })?;
         let claims = data.claims;
-        Ok(Principal {
+        let principal = Principal {
             tenant: TenantId(claims.tenant_id),
             subject: claims.sub,
             scopes: claims
@@ -231,7 +273,8 @@ impl Verifier {
                 .split_ascii_whitespace()
                 .map(String::from)
                 .collect(),
-        })
+        };
+        Ok((principal, claims.exp))
     }
 }
 

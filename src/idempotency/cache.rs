@@ -1,6 +1,11 @@
 //! The replay fast path: completed responses kept in memory, so that a retry is
 //! answered without a database round trip.
 //!
+//! An entry is made by the first replay that reads the record from the database, not
+//! by the request that completed it: most requests are never sent again, so that
+//! would cost every create for the few that are, and behind a load balancer the retry
+//! may reach another process anyway.
+//!
 //! Safe because a COMPLETED record never changes until it expires: the stored
 //! response, its fingerprint and its expiry are fixed at completion. The cache keeps
 //! exactly that and nothing that can still change (no PROCESSING record is ever

@@ -159,7 +159,10 @@ impl Guard {
     /// The state machine around one execution: `execute` runs once this request owns
     /// the key, and must complete the record under the fence it is handed, on the
     /// connection the claim committed on when there is one (see [`Conn::autocommits`]).
-    /// Once it has, the response is remembered for replays.
+    ///
+    /// A new response is not put in the replay cache: most requests are never sent
+    /// again, and a retry may reach another process. The first replay that reads the
+    /// record from the database puts it there, for the retries after it.
     async fn run_inner<E>(
         &self,
         scope: &Scope,
@@ -202,13 +205,8 @@ impl Guard {
             ttl_secs: self.config.ttl.as_secs() as i64,
             at,
         };
-        // The record expires `ttl` after the completion's clock_timestamp(), which is
-        // no earlier than this instant: counting from here ends no later than the row.
-        let sent = Instant::now();
         let response = execute(fence, conn).await?;
         release.disarm();
-        self.cache
-            .remember(scope, *fingerprint, &response, sent, self.config.ttl);
         let answer = Answer {
             response,
             replayed: false,

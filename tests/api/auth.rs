@@ -304,6 +304,31 @@ async fn a_token_not_yet_valid_is_refused_beyond_the_leeway() {
     );
 }
 
+/// A token that verified is remembered, but never past its expiry: once `exp` and the
+/// leeway have passed, the same token is a 401 like any expired one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_expires_after_it_verified_is_refused() {
+    let app = spawn_app().await;
+    let mut short = claims(Uuid::new_v4());
+    // Accepted for two more seconds: until `exp` plus the 30 s leeway.
+    let exp = now() - 28;
+    short["exp"] = json!(exp);
+    let token = hs256(&short, SECRET.as_bytes());
+    for _ in 0..3 {
+        assert_eq!(list_as(&app, &token).await.status, 200);
+    }
+    while now() <= exp + 30 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let refused = list_as(&app, &token).await;
+    assert_refused(&refused);
+    let body = refused.json();
+    assert!(
+        body["detail"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_audience_may_be_a_string_or_an_array() {
     let app = spawn_app_with(&[("ORDERD_JWT_AUDIENCE", "orderd")]).await;

@@ -125,6 +125,39 @@ async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_ha
     assert_eq!(status(&app, &old).await, 200);
 }
 
+/// A token verified (and remembered) under a key the provider then withdraws stops
+/// verifying as soon as the set is fetched again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_key_stops_verifying_tokens_already_seen() {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let app = app_with(&provider.url).await;
+    until_ready(&app).await;
+    let tenant = Uuid::new_v4();
+    let seen = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
+    assert_eq!(status(&app, &seen).await, 200);
+    assert_eq!(status(&app, &seen).await, 200);
+
+    let mut set: serde_json::Value =
+        serde_json::from_str(&fixture("jwks_before_rotation.json")).unwrap();
+    set["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|key| key["kid"] != "jwks_ec_p256");
+    provider.set(200, &set.to_string());
+    // An unknown kid makes orderd fetch the set again.
+    let fetches = provider.fetches();
+    let unknown = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
+    assert_eq!(status(&app, &unknown).await, 401);
+    assert_eq!(provider.fetches(), fetches + 1);
+    assert_eq!(status(&app, &seen).await, 401, "the key was withdrawn");
+    let other = token(Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_a", tenant);
+    assert_eq!(
+        status(&app, &other).await,
+        200,
+        "the keys kept still verify"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     // A port with nobody listening yet.

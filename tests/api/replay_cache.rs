@@ -5,11 +5,14 @@
 //! To prove an answer came from memory, the test locks `idempotency_record` and gives
 //! statements a short timeout: any request that reaches the table waits on the lock
 //! and answers 503 instead.
+//!
+//! The cache learns a response from the first replay, which reads the database; the
+//! request that created it does not fill it.
 
 use sqlx::{Executor, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::support::{TestApp, new_key, order_body, spawn_app_with};
+use crate::support::{Reply, TestApp, new_key, order_body, spawn_app_with};
 
 /// An app whose statements give up after 200 ms.
 async fn app_with_cache(bytes: &str) -> TestApp {
@@ -18,6 +21,17 @@ async fn app_with_cache(bytes: &str) -> TestApp {
         ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "200"),
     ])
     .await
+}
+
+/// Sends a completed request again while the table is readable, so that the cache
+/// learns it; checks that it was a replay.
+async fn replay_once(app: &TestApp, token: &str, key: &str, body: &serde_json::Value) -> Reply {
+    let replay = app.create(token, key, body).await;
+    assert_eq!(
+        replay.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    replay
 }
 
 /// Holds an exclusive lock on the idempotency table until dropped (rolled back).
@@ -36,6 +50,19 @@ async fn a_cached_replay_is_answered_without_the_database_byte_for_byte() {
     let key = new_key();
     let first = app.create(&token, &key, &order_body("CACHE-1", 2)).await;
     assert_eq!(first.status, 201);
+    // Creating it did not put it in the cache: a retry now needs the table.
+    let lock = lock_idempotency_table(&app).await;
+    app.create(&token, &key, &order_body("CACHE-1", 2))
+        .await
+        .assert_problem(503, "service-unavailable");
+    drop(lock);
+    // The first replay reads it from the table and the cache learns it.
+    assert_eq!(
+        replay_once(&app, &token, &key, &order_body("CACHE-1", 2))
+            .await
+            .body,
+        first.body
+    );
 
     let lock = lock_idempotency_table(&app).await;
     let replay = app.create(&token, &key, &order_body("CACHE-1", 2)).await;
@@ -67,6 +94,7 @@ async fn with_the_cache_off_the_same_replay_needs_the_database() {
             .status,
         201
     );
+    replay_once(&app, &token, &key, &order_body("CACHE-2", 1)).await;
     let lock = lock_idempotency_table(&app).await;
     app.create(&token, &key, &order_body("CACHE-2", 1))
         .await
@@ -94,6 +122,7 @@ async fn a_changed_request_under_a_cached_key_is_still_422() {
             .status,
         201
     );
+    replay_once(&app, &token, &key, &order_body("CACHE-3", 1)).await;
     let lock = lock_idempotency_table(&app).await;
     app.create(&token, &key, &order_body("CACHE-3", 2))
         .await
@@ -114,6 +143,8 @@ async fn the_cache_never_answers_another_tenant() {
     assert_eq!(his.status, 201);
     assert_eq!(his.header("idempotent-replayed"), None);
     assert_ne!(his.json()["id"], hers.json()["id"]);
+    replay_once(&app, &alice, &key, &order_body("CACHE-4", 1)).await;
+    replay_once(&app, &bob, &key, &order_body("CACHE-4", 1)).await;
     // And each one's retry, from memory, is their own.
     let lock = lock_idempotency_table(&app).await;
     assert_eq!(
@@ -141,11 +172,7 @@ async fn a_cached_key_past_its_retention_is_a_new_request() {
     let key = new_key();
     let first = app.create(&token, &key, &order_body("CACHE-5", 1)).await;
     assert_eq!(first.status, 201);
-    let replay = app.create(&token, &key, &order_body("CACHE-5", 1)).await;
-    assert_eq!(
-        replay.header("idempotent-replayed").as_deref(),
-        Some("true")
-    );
+    replay_once(&app, &token, &key, &order_body("CACHE-5", 1)).await;
 
     // Let the record expire on the database's clock.
     loop {

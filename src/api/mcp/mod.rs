@@ -36,7 +36,7 @@ use crate::auth::{AuthError, Principal, SCOPE_READ, SCOPE_WRITE};
 /// extensions.
 #[derive(Clone)]
 pub struct Caller {
-    pub principal: Principal,
+    pub principal: Arc<Principal>,
 }
 
 /// Where the protected-resource metadata is served.
