@@ -17,7 +17,7 @@ use std::{
     ops::{Deref, DerefMut},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -84,10 +84,27 @@ pub struct Db {
 /// room for more, so that a caller already waiting inside the pool (it found no spare)
 /// is served by the next connection handed back. One idle for [`PING_IF_IDLE_FOR`] goes
 /// back through the pool, which checks it, as it does its own idle ones.
+///
+/// The pool's counts alone can be read in the instant a released connection is idle
+/// but already promised to a waiter, which would keep a spare hidden from the waiters
+/// behind it. So every caller about to wait inside the pool also registers
+/// ([`Spare::waiting`]): under the same lock as [`Spare::keep`], so that either its
+/// registration sees the spare and hands it to the pool, or the keep sees the waiter.
 #[derive(Debug)]
 struct Spare {
     pool: PgPool,
     conns: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    /// Callers waiting inside the pool; changed only under `conns`'s lock.
+    waiting: AtomicUsize,
+}
+
+/// A caller registered as waiting inside the pool, until dropped.
+struct Waiting(Arc<Spare>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Spare {
@@ -95,7 +112,20 @@ impl Spare {
         Self {
             pool,
             conns: Mutex::new(Vec::new()),
+            waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// Registers a caller about to wait inside the pool. Spares kept before are handed
+    /// back to the pool, where the waiters get them; none is kept until it is dropped.
+    fn waiting(self: &Arc<Self>) -> Waiting {
+        let kept = {
+            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+            std::mem::take(&mut *conns)
+        };
+        drop(kept);
+        Waiting(self.clone())
     }
 
     /// The most recently kept connection that is fresh enough to use unchecked.
@@ -112,14 +142,15 @@ impl Spare {
     }
 
     fn keep(&self, conn: PoolConnection<Postgres>) {
-        if self.pool.num_idle() == 0
-            && self.pool.size() >= self.pool.options().get_max_connections()
-        {
-            // Someone may be waiting inside the pool: it gets this one.
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let full = self.pool.num_idle() == 0
+            && self.pool.size() >= self.pool.options().get_max_connections();
+        if full || self.waiting.load(Ordering::Acquire) > 0 {
+            // Someone is or may be waiting inside the pool: it gets this one.
+            drop(conns);
             drop(conn);
             return;
         }
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns.push((conn, Instant::now()));
     }
 }
@@ -141,10 +172,11 @@ impl Db {
 
     /// A direct connection: a spare if there is one, else one from the pool.
     async fn acquire(&self) -> sqlx::Result<PoolConnection<Postgres>> {
-        match self.spare.take() {
-            Some(conn) => Ok(conn),
-            None => self.pool.acquire().await,
+        if let Some(conn) = self.spare.take() {
+            return Ok(conn);
         }
+        let _waiting = self.spare.waiting();
+        self.pool.acquire().await
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -181,6 +213,7 @@ impl Db {
     /// miss; see [`Spare`]): behind a pooler, and for the rare write whose claim did
     /// not leave it a connection.
     pub async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
+        let _waiting = self.spare.waiting();
         self.pool
             .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
             .await

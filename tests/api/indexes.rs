@@ -223,8 +223,15 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
         "{claim}"
     );
 
+    // Either partial index that leaves the published rows out will do; which one the
+    // planner picks depends on ANALYZE's sample of the few dead rows.
     let redrive = plan(&db, outbox::REDRIVE_ALL, |q| q).await;
-    assert!(redrive.contains("outbox_event_dead"), "{redrive}");
+    assert!(!redrive.contains("Seq Scan"), "{redrive}");
+    assert!(
+        redrive.contains("outbox_event_dead")
+            || redrive.contains("outbox_event_unpublished_by_order"),
+        "{redrive}"
+    );
 
     let purge = plan(&db, outbox::PURGE_PUBLISHED, |q| {
         q.bind(86_400i64).bind(1000i64)
