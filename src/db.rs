@@ -99,9 +99,9 @@ struct Spare {
 }
 
 /// A caller registered as waiting inside the pool, until dropped.
-struct Waiting(Arc<Spare>);
+struct Waiting<'a>(&'a Spare);
 
-impl Drop for Waiting {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
@@ -118,14 +118,14 @@ impl Spare {
 
     /// Registers a caller about to wait inside the pool. Spares kept before are handed
     /// back to the pool, where the waiters get them; none is kept until it is dropped.
-    fn waiting(self: &Arc<Self>) -> Waiting {
+    fn waiting(&self) -> Waiting<'_> {
         let kept = {
             let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
             self.waiting.fetch_add(1, Ordering::AcqRel);
             std::mem::take(&mut *conns)
         };
         drop(kept);
-        Waiting(self.clone())
+        Waiting(self)
     }
 
     /// The most recently kept connection that is fresh enough to use unchecked.
@@ -143,9 +143,11 @@ impl Spare {
 
     fn keep(&self, conn: PoolConnection<Postgres>) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let full = self.pool.num_idle() == 0
-            && self.pool.size() >= self.pool.options().get_max_connections();
-        if full || self.waiting.load(Ordering::Acquire) > 0 {
+        let full = || {
+            self.pool.num_idle() == 0
+                && self.pool.size() >= self.pool.options().get_max_connections()
+        };
+        if self.waiting.load(Ordering::Acquire) > 0 || full() {
             // Someone is or may be waiting inside the pool: it gets this one.
             drop(conns);
             drop(conn);

@@ -159,10 +159,8 @@ impl Guard {
     /// The state machine around one execution: `execute` runs once this request owns
     /// the key, and must complete the record under the fence it is handed, on the
     /// connection the claim committed on when there is one (see [`Conn::autocommits`]).
-    ///
-    /// A new response is not put in the replay cache: most requests are never sent
-    /// again, and a retry may reach another process. The first replay that reads the
-    /// record from the database puts it there, for the retries after it.
+    /// A new response is not put in the replay cache; the first replay that reads it
+    /// from the database does (see [`cache`] for why).
     async fn run_inner<E>(
         &self,
         scope: &Scope,

@@ -48,6 +48,14 @@ async fn app_with(url: &str) -> TestApp {
     .await
 }
 
+/// A provider serving the set before rotation, and an app that has fetched it.
+async fn provider_and_ready_app() -> (JwksServer, TestApp) {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let app = app_with(&provider.url).await;
+    until_ready(&app).await;
+    (provider, app)
+}
+
 async fn until_ready(app: &TestApp) {
     for _ in 0..200 {
         if app
@@ -68,9 +76,8 @@ async fn until_ready(app: &TestApp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_type_of_the_set_verifies_its_own_tokens_and_nothing_else() {
-    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
-    let app = app_with(&provider.url).await;
-    until_ready(&app).await;
+    // The provider must outlive the app's requests.
+    let (_provider, app) = provider_and_ready_app().await;
     let tenant = Uuid::new_v4();
     for (alg, kid, key) in [
         (Algorithm::RS256, "jwks_rsa_a", "jwks_rsa_a"),
@@ -100,9 +107,7 @@ async fn every_key_type_of_the_set_verifies_its_own_tokens_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_hammer_the_provider()
 {
-    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
-    let app = app_with(&provider.url).await;
-    until_ready(&app).await;
+    let (provider, app) = provider_and_ready_app().await;
     let tenant = Uuid::new_v4();
     let rotated = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
     let fetched_at_start = provider.fetches();
@@ -129,9 +134,7 @@ async fn a_rotated_key_is_picked_up_without_a_restart_and_unknown_kids_cannot_ha
 /// verifying as soon as the set is fetched again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_key_stops_verifying_tokens_already_seen() {
-    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
-    let app = app_with(&provider.url).await;
-    until_ready(&app).await;
+    let (provider, app) = provider_and_ready_app().await;
     let tenant = Uuid::new_v4();
     let seen = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
     assert_eq!(status(&app, &seen).await, 200);
