@@ -192,7 +192,11 @@ async fn latency(
         inner: publisher,
         acknowledged: Mutex::new(HashMap::new()),
     });
-    let relay = Relay::new(db, listen_on, stamped.clone(), config.outbox.clone());
+    // As in `orderd serve`, the relay has connections of its own, apart from the writers'.
+    let relay_db = orderd::db::db_of_size(&config, config.outbox.parallel_rounds)
+        .await
+        .expect("database");
+    let relay = Relay::new(relay_db, listen_on, stamped.clone(), config.outbox.clone());
     let relay = if listen {
         relay
     } else {

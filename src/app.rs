@@ -62,8 +62,19 @@ pub struct Application {
     db: Db,
     config: Config,
     verifier: Arc<Verifier>,
-    /// Where the in-process relay publishes; `None` when `ORDERD_RELAY=off`.
-    publisher: Option<Arc<dyn Publisher>>,
+    /// The in-process relay, unless `ORDERD_RELAY=off`.
+    relay: Option<RelayParts>,
+}
+
+/// Where the in-process relay publishes, and the connections it works on.
+///
+/// The relay has connections of its own (one per round it runs at once), apart from
+/// the API's pool: when requests hold every API connection (a burst, writes stalled on
+/// a lock), their queue for the pool would otherwise hold back the publishing of what
+/// other writers committed, and the API's load would show up as publish latency.
+struct RelayParts {
+    publisher: Arc<dyn Publisher>,
+    db: Db,
 }
 
 impl Application {
@@ -85,6 +96,13 @@ impl Application {
         publisher: Option<Arc<dyn Publisher>>,
     ) -> anyhow::Result<Self> {
         let verifier = Arc::new(Verifier::new(&config.jwt)?);
+        let relay = match publisher {
+            Some(publisher) => Some(RelayParts {
+                publisher,
+                db: db::db_of_size(&config, config.outbox.parallel_rounds).await?,
+            }),
+            None => None,
+        };
         let (listener, address) = bind(&config.bind, config::BIND.name).await?;
         let metrics_listener = match &config.http.metrics_bind {
             Some(metrics_bind) => Some(bind(metrics_bind, config::METRICS_BIND.name).await?),
@@ -97,7 +115,7 @@ impl Application {
             db,
             config,
             verifier,
-            publisher,
+            relay,
         })
     }
 
@@ -118,10 +136,10 @@ impl Application {
             guard: Guard::new(self.db.clone(), self.config.idempotency.clone()),
         };
         let supervisor = Supervisor::new();
-        let relay_runs = self.publisher.is_some();
-        if let Some(publisher) = self.publisher {
+        let relay_runs = self.relay.is_some();
+        if let Some(RelayParts { publisher, db }) = self.relay {
             let relay = Relay::new(
-                self.db.clone(),
+                db,
                 db::direct_options(&self.config)?,
                 publisher,
                 self.config.outbox.clone(),

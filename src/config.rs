@@ -83,7 +83,7 @@ mod table {
     setting!(TENANT_BURST, "ORDERD_TENANT_BURST", Some("1000"), range(1, 10_000_000), "per-tenant token bucket size");
     setting!(TENANT_MAX_IN_FLIGHT, "ORDERD_TENANT_MAX_IN_FLIGHT", Some("8"), range(1, 10_000), "requests of one tenant doing database work at once, per process; more wait their turn (up to 2 s, then 429)");
     setting!(MCP_ALLOWED_ORIGINS, "ORDERD_MCP_ALLOWED_ORIGINS", None, Kind::Text, "comma-separated browser origins (`https://app.example.com`) allowed to call `/mcp`; a request with any other `Origin` is refused 403");
-    setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the process (one pool; nothing else opens connections but the relay's LISTEN and migrations)");
+    setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own, and LISTEN and migrations one each");
     setting!(DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle");
     setting!(PURGE_INTERVAL_SECS, "ORDERD_PURGE_INTERVAL_SECS", Some("60"), range(1, 86_400), "how often the retention purges run");
     setting!(RECONCILE_INTERVAL_SECS, "ORDERD_RECONCILE_INTERVAL_SECS", Some("300"), range(0, 86_400), "how often `serve` reconciles orders, events and stored responses; `0` turns it off in this process (run it in one or a few)");
@@ -92,7 +92,7 @@ mod table {
     setting!(RELAY, "ORDERD_RELAY", Some("on"), Kind::Switch, "`off`: `serve` runs no relay (run `orderd relay` elsewhere)");
     setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids");
     setting!(OUTBOX_BATCH_SIZE, "ORDERD_OUTBOX_BATCH_SIZE", Some("100"), range(1, 1000), "events claimed per relay round");
-    setting!(OUTBOX_PARALLEL_ROUNDS, "ORDERD_OUTBOX_PARALLEL_ROUNDS", Some("2"), range(1, 32), "rounds (claim, publish, mark) one relay runs at once, so that a backlog keeps the database and SNS busy together; each holds a database connection while it claims or marks");
+    setting!(OUTBOX_PARALLEL_ROUNDS, "ORDERD_OUTBOX_PARALLEL_ROUNDS", Some("2"), range(1, 32), "rounds (claim, publish, mark) one relay runs at once, so that a backlog keeps the database and SNS busy together; in `serve` each has a database connection of its own, apart from the API's pool");
     setting!(OUTBOX_POLL_MS, "ORDERD_OUTBOX_POLL_MS", Some("1000"), range(1, 60_000), "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)");
     setting!(OUTBOX_MAX_ATTEMPTS, "ORDERD_OUTBOX_MAX_ATTEMPTS", Some("10"), range(1, 1000), "entry-level SNS rejections before an event is DEAD (a permanent one: at once)");
     setting!(OUTBOX_BACKOFF_INITIAL_MS, "ORDERD_OUTBOX_BACKOFF_INITIAL_MS", Some("2000"), range(1, 3_600_000), "first retry delay; doubles per failure, with jitter");

@@ -284,7 +284,8 @@ impl DerefMut for Conn {
     }
 }
 
-/// The process's database, `ORDERD_DB_POOL_SIZE` connections.
+/// The process's main pool, `ORDERD_DB_POOL_SIZE` connections (`serve`'s in-process
+/// relay works on a pool of its own: see `app`).
 pub async fn connect_db(config: &Config) -> anyhow::Result<Db> {
     db_of_size(config, config.db_pool_size).await
 }

@@ -774,3 +774,95 @@ async fn an_app_without_a_topic_refuses_to_start_the_relay() {
         "{stderr}"
     );
 }
+
+/// The relay works on connections of its own: requests holding every connection of
+/// the API's pool (here, cancels stalled on a row lock, and more queued behind them)
+/// do not hold back the publishing of what another writer committed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_while_stalled_requests_hold_every_api_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use sqlx::{Connection, Executor, PgConnection};
+
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(
+        &moto_endpoint(),
+        &topic.arn,
+        &[
+            ("ORDERD_DB_POOL_SIZE", "2"),
+            ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "60000"),
+        ],
+    )
+    .await;
+    let tenant = Uuid::new_v4();
+    let token = app.token(tenant);
+    let created = app
+        .create(&token, &new_key(), &order_body("HELD-1", 1))
+        .await;
+    assert_eq!(created.status, 201);
+    let held = created.json()["id"].as_str().unwrap().to_string();
+    assert_eq!(topic.collect(1).await.len(), 1);
+
+    let mut locker = PgConnection::connect(&app.db.url).await.unwrap();
+    locker.execute("BEGIN").await.unwrap();
+    locker
+        .execute(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM orders WHERE id = '{held}' FOR UPDATE"
+        )))
+        .await
+        .unwrap();
+    let answered = AtomicUsize::new(0);
+    let cancels = futures::future::join_all((0..4).map(|_| async {
+        let reply = app.cancel(&token, &new_key(), &held).await;
+        answered.fetch_add(1, Ordering::SeqCst);
+        reply
+    }));
+    let meanwhile = async {
+        // Both API connections wait on the lock; the other two cancels wait for them.
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock'",
+            app.db.name
+        );
+        app.db.until_count(&waiting, 2).await;
+        // Another writer (another orderd, say) commits an order and its event.
+        let mut other = app.db.pool.begin().await.unwrap();
+        let new = orderd::orders::NewOrder {
+            sku: "OTHER-1".into(),
+            quantity: 1,
+            customer_ref: None,
+        };
+        let other_order = create_order_in(&mut other, orderd::tenant::TenantId(tenant), &new).await;
+        other.commit().await.unwrap();
+        let published = topic.collect(1).await;
+        let still_stalled = answered.load(Ordering::SeqCst) == 0;
+        locker.execute("ROLLBACK").await.unwrap();
+        (published, other_order, still_stalled)
+    };
+    let (replies, (published, other_order, still_stalled)) = tokio::join!(cancels, meanwhile);
+
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].body["order"]["id"], other_order.id.to_string());
+    assert!(
+        still_stalled,
+        "published while every API connection was held"
+    );
+    for reply in &replies {
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.json()["status"], "CANCELLED");
+    }
+    // One cancel changed the order; the others found it cancelled. Nothing was lost.
+    let cancelled = topic.collect(1).await;
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].body["event_type"], "OrderCancelled");
+    assert_eq!(cancelled[0].body["order"]["id"], held.as_str());
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox_event").await),
+        (2, 3)
+    );
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            3,
+        )
+        .await;
+}
