@@ -137,9 +137,13 @@ impl Application {
         };
         let supervisor = Supervisor::new();
         let relay_runs = self.relay.is_some();
-        if let Some(RelayParts { publisher, db }) = self.relay {
+        if let Some(RelayParts {
+            publisher,
+            db: relay_db,
+        }) = self.relay
+        {
             let relay = Relay::new(
-                db,
+                relay_db,
                 db::direct_options(&self.config)?,
                 publisher,
                 self.config.outbox.clone(),
