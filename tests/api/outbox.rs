@@ -261,8 +261,9 @@ async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_topic_holds_the_backlog_uncharged_until_the_topic_exists_then_it_flows() {
     let name = crate::support::sns::unique_name(false);
+    let proxy = Proxy::start(moto_address()).await;
     let app = spawn_publishing_app(
-        &moto_endpoint(),
+        &proxy.endpoint(),
         &crate::support::sns::arn_of(&name),
         &[
             ("ORDERD_OUTBOX_BACKOFF_INITIAL_MS", "100"),
@@ -290,7 +291,12 @@ async fn an_unknown_topic_holds_the_backlog_uncharged_until_the_topic_exists_the
     );
 
     // The operator creates the topic: everything flows by itself, in order, no re-drive.
+    // The relay is kept from SNS meanwhile: an event published between the topic's
+    // creation and the test queue's subscription would be acknowledged, yet never
+    // reach the queue this test reads.
+    proxy.set(Mode::Refuse);
     let topic = Topic::create_named(&moto_endpoint(), &name, false).await;
+    proxy.set(Mode::Forward);
     let messages = topic.collect(50).await;
     assert_eq!(messages.len(), 50);
     for events in by_order(&messages).values() {
