@@ -193,7 +193,7 @@ async fn latency(
         acknowledged: Mutex::new(HashMap::new()),
     });
     // As in `orderd serve`, the relay has connections of its own, apart from the writers'.
-    let relay_db = orderd::db::db_of_size(&config, config.outbox.parallel_rounds)
+    let relay_db = orderd::db::connect_relay_db(&config)
         .await
         .expect("database");
     let relay = Relay::new(relay_db, listen_on, stamped.clone(), config.outbox.clone());

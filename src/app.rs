@@ -66,12 +66,8 @@ pub struct Application {
     relay: Option<RelayParts>,
 }
 
-/// Where the in-process relay publishes, and the connections it works on.
-///
-/// The relay has connections of its own (one per round it runs at once), apart from
-/// the API's pool: when requests hold every API connection (a burst, writes stalled on
-/// a lock), their queue for the pool would otherwise hold back the publishing of what
-/// other writers committed, and the API's load would show up as publish latency.
+/// Where the in-process relay publishes, and the connections of its own it works on
+/// ([`db::connect_relay_db`]).
 struct RelayParts {
     publisher: Arc<dyn Publisher>,
     db: Db,
@@ -99,7 +95,7 @@ impl Application {
         let relay = match publisher {
             Some(publisher) => Some(RelayParts {
                 publisher,
-                db: db::db_of_size(&config, config.outbox.parallel_rounds).await?,
+                db: db::connect_relay_db(&config).await?,
             }),
             None => None,
         };

@@ -285,9 +285,18 @@ impl DerefMut for Conn {
 }
 
 /// The process's main pool, `ORDERD_DB_POOL_SIZE` connections (`serve`'s in-process
-/// relay works on a pool of its own: see `app`).
+/// relay works on a pool of its own: [`connect_relay_db`]).
 pub async fn connect_db(config: &Config) -> anyhow::Result<Db> {
     db_of_size(config, config.db_pool_size).await
+}
+
+/// The in-process relay's own connections, one per round it runs at once
+/// (`ORDERD_OUTBOX_PARALLEL_ROUNDS`), apart from the API's pool: when requests hold
+/// every API connection (a burst, writes stalled on a lock), their queue for the pool
+/// would otherwise hold back the publishing of what other writers committed, and the
+/// API's load would show up as publish latency.
+pub async fn connect_relay_db(config: &Config) -> anyhow::Result<Db> {
+    db_of_size(config, config.outbox.parallel_rounds).await
 }
 
 /// A database of `size` connections: the one-shot commands need only a couple.
