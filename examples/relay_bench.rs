@@ -25,13 +25,13 @@ use orderd::db::Db;
 use orderd::{
     config::Config,
     idempotency::{Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
-    metrics::Endpoint,
     orders::{NewOrder, Order, store},
     outbox::{
         publisher::{Message, Outcome, Outcomes, Publisher},
         relay::Relay,
         sns::SnsPublisher,
     },
+    service::Endpoint,
     tenant::TenantId,
 };
 use tokio_util::sync::CancellationToken;
@@ -205,11 +205,12 @@ async fn latency(
     let task = tokio::spawn(relay.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let tenant = TenantId(Uuid::new_v4());
-    let new = NewOrder {
-        sku: "BENCH-1".into(),
-        quantity: 1,
-        customer_ref: None,
-    };
+    let new = NewOrder::parse(
+        serde_json::json!({"sku": "BENCH-1", "quantity": 1})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let total = rate * seconds;
@@ -221,7 +222,7 @@ async fn latency(
         writers.spawn(async move {
             let scope = Scope {
                 tenant,
-                endpoint: Endpoint::CreateOrder,
+                endpoint: Endpoint::CreateOrder.as_str(),
                 key: IdempotencyKey::parse(Some(&Uuid::new_v4().to_string())).expect("a key"),
             };
             let fingerprint = Fingerprint::of(&new);
@@ -235,7 +236,14 @@ async fn latency(
                             content_type: None,
                             body: order.id.to_string().into_bytes(),
                         };
-                        let written = store::create(conn, &fence, &response, &order).await?;
+                        let written = store::create(
+                            conn,
+                            orderd::db::Statements::NAMED,
+                            &fence,
+                            &response,
+                            &order,
+                        )
+                        .await?;
                         Ok::<_, sqlx::Error>(written.then_some(response))
                     })
                 })

@@ -8,7 +8,7 @@ use poem::{EndpointExt, Server, listener::TcpAcceptor};
 use tokio::net::TcpListener;
 
 use crate::{
-    api::{self, AppState, server::Limits},
+    api::{self, server::Limits},
     auth::{self, Verifier},
     config::{self, Config, bind_address},
     db::{self, Db},
@@ -16,6 +16,7 @@ use crate::{
     outbox::{self, publisher::Publisher, relay::Relay, sns::SnsPublisher},
     reconcile,
     retention::{self, Purges},
+    service::Service,
     supervisor::{Supervisor, shutdown_signal},
 };
 
@@ -127,10 +128,10 @@ impl Application {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
     /// finish (up to a grace period) and stops the background jobs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
-        let state = AppState {
-            db: self.db.clone(),
-            guard: Guard::new(self.db.clone(), self.config.idempotency.clone()),
-        };
+        let service = Service::new(
+            self.db.clone(),
+            Guard::new(self.db.clone(), self.config.idempotency.clone()),
+        );
         let supervisor = Supervisor::new();
         let relay_runs = self.relay.is_some();
         if let Some(RelayParts {
@@ -169,7 +170,7 @@ impl Application {
         tracing::info!(address = %self.address, "orderd listening");
         let shared = api::Shared::new(self.verifier, &self.config);
         spawn_auth_jobs(&supervisor, &shared);
-        let routes = api::routes(state, &shared, &self.config, !metrics_apart);
+        let routes = api::routes(service, &shared, &self.config, !metrics_apart);
         let served = api::server::serve(
             self.listener,
             routes,

@@ -15,11 +15,8 @@
 
 use std::{
     ops::{Deref, DerefMut},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
-    time::{Duration, Instant},
+    sync::Arc,
+    time::Duration,
 };
 
 use sqlx::{
@@ -48,119 +45,42 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// gets a fresh connection.
 pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
-/// Whether statements may be prepared by name and kept. True until a pool behind a
-/// transaction pooler is built in this process; then every statement is unnamed, which
-/// is always correct (only slower) on a direct connection too.
-static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
-
-/// Whether statements are prepared by name and cached (`query(...).persistent(...)`).
-pub fn named_statements() -> bool {
-    NAMED_STATEMENTS.load(Ordering::Relaxed)
+/// How statements reach PostgreSQL, part of [`Db`]'s value and handed to every SQL
+/// function with the connection it runs on: prepared by name and kept (directly), or
+/// unnamed and parsed each time (behind a transaction pooler, where a name prepared on
+/// one server connection would be looked for on another).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Statements {
+    named: bool,
 }
 
-/// The process's database: the pool and how statements reach it.
+impl Statements {
+    /// A direct connection: statements are prepared once per connection.
+    pub const NAMED: Statements = Statements { named: true };
+    /// Behind a transaction pooler.
+    pub const UNNAMED: Statements = Statements { named: false };
+
+    /// What `query(...).persistent(...)` takes.
+    pub fn named(self) -> bool {
+        self.named
+    }
+}
+
+/// The process's database: the pool and how statements reach it. Every connection a
+/// request uses comes from here, through sqlx's own pool.
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
-    /// Behind a transaction pooler: every statement in an explicit transaction.
+    /// Behind a transaction pooler: every statement in an explicit transaction, none
+    /// of them named.
     pooled: bool,
     /// `BEGIN` with the statement timeouts as `SET LOCAL`, one round trip.
     begin: Arc<str>,
-    spare: Arc<Spare>,
-}
-
-/// Direct connections whose last use ended cleanly ([`Conn::done`]), kept out of the
-/// pool for the next caller. sqlx pings every connection it takes back, a `Sync` round
-/// trip in a task of its own, in case a cancelled statement left it mid-protocol: a
-/// tenth of orderd's CPU per create, and a wake-up of the server. A connection handed
-/// back here finished its last statement, so it needs no such check; one dropped
-/// without [`Conn::done`] (an error, a cancelled request) still goes back through the
-/// pool and its ping.
-///
-/// The spares are the pool's own connections (checked out, as far as sqlx knows), taken
-/// before the pool is asked, newest first. Two rules keep them from hiding a
-/// connection from someone who needs one: every acquisition goes through [`Db`], which
-/// looks here first; and a connection is kept only while the pool has an idle one or
-/// room for more, so that a caller already waiting inside the pool (it found no spare)
-/// is served by the next connection handed back. One idle for [`PING_IF_IDLE_FOR`] goes
-/// back through the pool, which checks it, as it does its own idle ones.
-///
-/// The pool's counts alone can be read in the instant a released connection is idle
-/// but already promised to a waiter, which would keep a spare hidden from the waiters
-/// behind it. So every caller about to wait inside the pool also registers
-/// ([`Spare::waiting`]): under the same lock as [`Spare::keep`], so that either its
-/// registration sees the spare and hands it to the pool, or the keep sees the waiter.
-#[derive(Debug)]
-struct Spare {
-    pool: PgPool,
-    conns: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
-    /// Callers waiting inside the pool; changed only under `conns`'s lock.
-    waiting: AtomicUsize,
-}
-
-/// A caller registered as waiting inside the pool, until dropped.
-struct Waiting<'a>(&'a Spare);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Spare {
-    fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            conns: Mutex::new(Vec::new()),
-            waiting: AtomicUsize::new(0),
-        }
-    }
-
-    /// Registers a caller about to wait inside the pool. Spares kept before are handed
-    /// back to the pool, where the waiters get them; none is kept until it is dropped.
-    fn waiting(&self) -> Waiting<'_> {
-        let kept = {
-            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-            self.waiting.fetch_add(1, Ordering::AcqRel);
-            std::mem::take(&mut *conns)
-        };
-        drop(kept);
-        Waiting(self)
-    }
-
-    /// The most recently kept connection that is fresh enough to use unchecked.
-    fn take(&self) -> Option<PoolConnection<Postgres>> {
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((conn, kept)) = conns.pop() {
-            if kept.elapsed() < PING_IF_IDLE_FOR {
-                return Some(conn);
-            }
-            // Older than that, like everything below it: back through the pool.
-            drop(conn);
-        }
-        None
-    }
-
-    fn keep(&self, conn: PoolConnection<Postgres>) {
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let full = || {
-            self.pool.num_idle() == 0
-                && self.pool.size() >= self.pool.options().get_max_connections()
-        };
-        if self.waiting.load(Ordering::Acquire) > 0 || full() {
-            // Someone is or may be waiting inside the pool: it gets this one.
-            drop(conns);
-            drop(conn);
-            return;
-        }
-        conns.push((conn, Instant::now()));
-    }
 }
 
 impl Db {
     fn new(pool: PgPool, pooled: bool, statement_timeout: Duration) -> Self {
         Self {
-            spare: Arc::new(Spare::new(pool.clone())),
             pool,
             pooled,
             begin: begin_statement(statement_timeout).into(),
@@ -172,15 +92,18 @@ impl Db {
         Self::new(pool, false, statement_timeout)
     }
 
-    /// A direct connection: a spare if there is one, else one from the pool.
-    async fn acquire(&self) -> sqlx::Result<PoolConnection<Postgres>> {
-        if let Some(conn) = self.spare.take() {
-            return Ok(conn);
+    /// How this database's statements are sent.
+    pub fn statements(&self) -> Statements {
+        if self.pooled {
+            Statements::UNNAMED
+        } else {
+            Statements::NAMED
         }
-        let _waiting = self.spare.waiting();
-        self.pool.acquire().await
     }
 
+    /// The pool itself, for tools that run their own statements on it (benchmarks,
+    /// tests); the service's code goes through [`Db::conn`], [`Db::run`] and
+    /// [`Db::begin`].
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -191,10 +114,7 @@ impl Db {
         if self.pooled {
             Ok(Conn(ConnKind::Tx(self.begin().await?)))
         } else {
-            Ok(Conn(ConnKind::Direct(
-                self.acquire().await?,
-                self.spare.clone(),
-            )))
+            Ok(Conn(ConnKind::Direct(self.pool.acquire().await?)))
         }
     }
 
@@ -210,12 +130,7 @@ impl Db {
     }
 
     /// A transaction with the statement timeouts set for it.
-    ///
-    /// Straight from the pool, not from the spares (which a waiter there does not
-    /// miss; see [`Spare`]): behind a pooler, and for the rare write whose claim did
-    /// not leave it a connection.
     pub async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
-        let _waiting = self.spare.waiting();
         self.pool
             .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
             .await
@@ -235,22 +150,18 @@ impl Db {
 pub struct Conn(ConnKind);
 
 enum ConnKind {
-    /// Kept as a spare by [`Conn::done`].
-    Direct(PoolConnection<Postgres>, Arc<Spare>),
+    Direct(PoolConnection<Postgres>),
     Tx(Transaction<'static, Postgres>),
 }
 
 impl Conn {
     /// Ends the connection's use after its last statement completed: commits the
-    /// transaction behind a pooler; keeps a direct connection as a spare. Dropping a
-    /// `Conn` instead rolls that transaction back, or returns the connection through
-    /// the pool's check.
+    /// transaction behind a pooler; hands a direct connection back to the pool.
+    /// Dropping a `Conn` instead rolls that transaction back (a direct connection goes
+    /// back to the pool either way).
     pub async fn done(self) -> sqlx::Result<()> {
         match self.0 {
-            ConnKind::Direct(conn, spare) => {
-                spare.keep(conn);
-                Ok(())
-            }
+            ConnKind::Direct(_) => Ok(()),
             ConnKind::Tx(tx) => tx.commit().await,
         }
     }
@@ -269,7 +180,7 @@ impl Deref for Conn {
 
     fn deref(&self) -> &PgConnection {
         match &self.0 {
-            ConnKind::Direct(conn, _) => conn,
+            ConnKind::Direct(conn) => conn,
             ConnKind::Tx(tx) => tx,
         }
     }
@@ -278,7 +189,7 @@ impl Deref for Conn {
 impl DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut PgConnection {
         match &mut self.0 {
-            ConnKind::Direct(conn, _) => conn,
+            ConnKind::Direct(conn) => conn,
             ConnKind::Tx(tx) => tx,
         }
     }
@@ -312,7 +223,6 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
     let timeout = config.db_statement_timeout.as_millis().to_string();
     let mut options = connect_options(&config.database_url)?;
     if pooled {
-        NAMED_STATEMENTS.store(false, Ordering::Relaxed);
         options = options.statement_cache_capacity(0);
     } else {
         options = options.options([
@@ -446,7 +356,7 @@ pub async fn ping(db: &Db) -> anyhow::Result<()> {
     let probe = async {
         let mut conn = db.conn().await?;
         sqlx::query("SELECT 1")
-            .persistent(named_statements())
+            .persistent(db.statements().named())
             .execute(&mut *conn)
             .await?;
         conn.done().await

@@ -2,9 +2,10 @@
 //! reach SNS through a transactional outbox.
 //!
 //! Modules from the top down (`docs/architecture.md`; a test keeps imports pointing
-//! down): `cli` and `app` compose; `api` is HTTP; `idempotency`, `orders` and
-//! `outbox` are the core; `auth`, `retention`, `supervisor` serve them; `db`,
-//! `telemetry`, `tenant`, `metrics` and `config` are leaves or near-leaves.
+//! down): `cli` and `app` compose; `api` is the transports (REST and MCP); `service`
+//! is the application layer both call; `idempotency`, `orders` and `outbox` are the
+//! core; `auth`, `retention`, `supervisor` serve them; `db`, `telemetry`, `tenant`,
+//! `metrics` and `config` are leaves or near-leaves.
 
 /// The HTTP surface: REST API, spec, problem mapping, probes, `/metrics`.
 pub mod api;
@@ -30,6 +31,8 @@ pub mod outbox;
 pub mod reconcile;
 /// Retention purges of idempotency records and published events.
 pub mod retention;
+/// The application layer: create, cancel, get and list, once, under REST and MCP.
+pub mod service;
 /// Background jobs under one cancellation token.
 pub mod supervisor;
 /// Logging and the per-request log context.

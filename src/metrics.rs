@@ -1,11 +1,13 @@
 //! Every Prometheus metric of the service: names, help texts, buckets, the typed label
 //! values, and the one place that records them.
 //!
-//! This module is a leaf: it imports nothing from the rest of the crate. The label
-//! types live here so that zero-initialisation, recording, routing and SQL all spell a
-//! label value in exactly one place. Labels carry only bounded values (endpoints, route
-//! templates, outcomes, event types, status codes, error classes): never a key, token,
-//! tenant or order id.
+//! This module is a leaf: it imports nothing from the rest of the crate, and it holds
+//! no domain types. The label values belong to the modules whose concepts they are
+//! (`service::Operation`, `idempotency::Outcome`, `outbox::EventType`,
+//! `outbox::FailureReason`, `api::routes::Route`), declared with [`label_enum!`];
+//! recording takes them through [`Label`]. Labels carry only bounded values (endpoints,
+//! route templates, outcomes, event types, status codes, error classes): never a key,
+//! token, tenant or order id.
 
 use std::sync::OnceLock;
 
@@ -28,13 +30,30 @@ pub const RECONCILE_ORDERS: &str = "reconcile_orders_without_event";
 pub const RECONCILE_KEYS: &str = "reconcile_keys_without_order";
 pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
 
-/// Declares a label enum with its wire spelling and the `ALL` list used to export every
-/// series at zero from start-up.
+/// A bounded set of label values with one spelling each, owned by the module whose
+/// concept it is (an endpoint, an outcome, an event type, a route). `ALL` lets the
+/// composing layer export every series at zero from start-up.
+pub trait Label: Copy + 'static {
+    /// Every value, for zero-initialisation and exhaustive tests.
+    const ALL: &'static [Self];
+
+    /// The label value.
+    fn as_str(self) -> &'static str;
+
+    /// Every spelling, in declaration order.
+    fn spellings() -> Vec<&'static str> {
+        Self::ALL.iter().map(|v| v.as_str()).collect()
+    }
+}
+
+/// Declares an enum whose values have one fixed spelling (a label value, and where the
+/// type is stored, the database spelling), with `ALL`, `as_str`, `parse` and
+/// [`Label`]. The owning module declares it; this module only records it.
 macro_rules! label_enum {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
+    ($(#[$meta:meta])* $vis:vis $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
+        $vis enum $name {
             $($(#[$vmeta])* $variant,)+
         }
 
@@ -42,7 +61,7 @@ macro_rules! label_enum {
             /// Every value, for zero-initialisation and exhaustive tests.
             pub const ALL: &'static [$name] = &[$($name::$variant,)+];
 
-            /// The label value (and, where the type is stored, the database spelling).
+            /// The fixed spelling.
             pub const fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => $text,)+
@@ -55,6 +74,14 @@ macro_rules! label_enum {
             }
         }
 
+        impl $crate::metrics::Label for $name {
+            const ALL: &'static [$name] = $name::ALL;
+
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
@@ -63,95 +90,22 @@ macro_rules! label_enum {
     };
 }
 
-label_enum! {
-    /// An idempotent operation: method and route template. Part of the idempotency
-    /// record's key, so the spelling is also stored in `idempotency_record.endpoint`.
-    Endpoint {
-        CreateOrder => "POST /v1/orders",
-        CancelOrder => "POST /v1/orders/{id}/cancel",
-    }
-}
+pub(crate) use label_enum;
 
-label_enum! {
-    /// How the idempotency guard decided one request.
-    Outcome {
-        /// This request executed the operation and its response was stored.
-        Created => "created",
-        /// A stored response was replayed (also after waiting for an in-flight twin).
-        Replayed => "replayed",
-        /// The key was used before with a different request.
-        PayloadConflict => "payload_conflict",
-        /// Another request owns the key, or this one lost its lease: answered 409.
-        InFlight => "in_flight",
-        /// This request took over an expired lease and executed the operation.
-        LeaseTakeover => "lease_takeover",
-    }
-}
-
-label_enum! {
-    /// The kinds of outbox event; also `outbox_event.event_type` and the SNS attribute.
-    EventType {
-        OrderCreated => "OrderCreated",
-        OrderCancelled => "OrderCancelled",
-    }
-}
-
-label_enum! {
-    /// Why a publish failed, as a low-cardinality class of the SNS (or KMS) error.
-    FailureReason {
-        Throttling => "throttling",
-        KmsThrottling => "kms_throttling",
-        Server => "server",
-        Timeout => "timeout",
-        Network => "network",
-        InvalidParameter => "invalid_parameter",
-        NotFound => "not_found",
-        Authorization => "authorization",
-        Kms => "kms",
-        OtherClient => "other_client",
-        OtherServer => "other_server",
-    }
-}
-
-label_enum! {
-    /// The HTTP routes, as templates: one label value per route, `unmatched` for the rest.
-    Route {
-        Orders => "/v1/orders",
-        Order => "/v1/orders/{id}",
-        CancelOrder => "/v1/orders/{id}/cancel",
-        Healthz => "/healthz",
-        Readyz => "/readyz",
-        Metrics => "/metrics",
-        OpenapiJson => "/openapi.json",
-        OpenapiYaml => "/openapi.yaml",
-        Docs => "/docs",
-        Mcp => "/mcp",
-        ProtectedResource => "/.well-known/oauth-protected-resource",
-        Unmatched => "unmatched",
-    }
-}
-
-impl Route {
-    /// The route a request path belongs to. Path parameters are single segments, so a
-    /// template matches a path when their segments match one for one.
-    pub fn of_path(path: &str) -> Route {
-        let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-        if segments.first() == Some(&"docs") {
-            return Route::Docs;
-        }
-        Route::ALL
-            .iter()
-            .copied()
-            .find(|route| {
-                let template: Vec<&str> = route.as_str().split('/').skip(1).collect();
-                template.len() == segments.len()
-                    && template
-                        .iter()
-                        .zip(&segments)
-                        .all(|(t, s)| t.starts_with('{') || t == s)
-            })
-            .unwrap_or(Route::Unmatched)
-    }
+/// The label values each labelled metric is exported with at zero from start-up,
+/// gathered by the composing layer from the modules that own them.
+#[derive(Debug, Default, Clone)]
+pub struct KnownLabels {
+    /// `idempotency_requests_total{endpoint}`.
+    pub endpoints: Vec<&'static str>,
+    /// `idempotency_requests_total{outcome}`.
+    pub outcomes: Vec<&'static str>,
+    /// `outbox_published_total{event_type}`.
+    pub event_types: Vec<&'static str>,
+    /// `outbox_publish_failures_total{reason}`.
+    pub failure_reasons: Vec<&'static str>,
+    /// `rate_limited_requests_total{route}`.
+    pub routes: Vec<&'static str>,
 }
 
 /// HTTP latency buckets: a p99 in single-digit milliseconds needs resolution there.
@@ -166,7 +120,7 @@ const LAG_BUCKETS: [f64; 14] = [
 /// Installs the process-wide recorder once (later calls, e.g. several apps in one test
 /// process, share it), describes every metric and sets every known series to zero so
 /// that dashboards and alerts never meet a missing series.
-pub fn install() -> PrometheusHandle {
+pub fn install(known: &KnownLabels) -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
@@ -179,7 +133,7 @@ pub fn install() -> PrometheusHandle {
                 .install_recorder()
                 .expect("no other metrics recorder is installed");
             describe();
-            zero();
+            zero(known);
             handle
         })
         .clone()
@@ -238,21 +192,21 @@ fn describe() {
     );
 }
 
-fn zero() {
-    for endpoint in Endpoint::ALL {
-        for outcome in Outcome::ALL {
-            counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint.as_str(), "outcome" => outcome.as_str())
+fn zero(known: &KnownLabels) {
+    for &endpoint in &known.endpoints {
+        for &outcome in &known.outcomes {
+            counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint, "outcome" => outcome)
                 .absolute(0);
         }
     }
-    for event_type in EventType::ALL {
-        counter!(OUTBOX_PUBLISHED, "event_type" => event_type.as_str()).absolute(0);
+    for &event_type in &known.event_types {
+        counter!(OUTBOX_PUBLISHED, "event_type" => event_type).absolute(0);
     }
-    for reason in FailureReason::ALL {
-        counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).absolute(0);
+    for &reason in &known.failure_reasons {
+        counter!(OUTBOX_FAILURES, "reason" => reason).absolute(0);
     }
-    for route in Route::ALL {
-        counter!(RATE_LIMITED, "route" => route.as_str()).absolute(0);
+    for &route in &known.routes {
+        counter!(RATE_LIMITED, "route" => route).absolute(0);
     }
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
@@ -264,21 +218,21 @@ fn zero() {
     let _ = histogram!(OUTBOX_LAG);
 }
 
-pub fn idempotency_outcome(endpoint: Endpoint, outcome: Outcome) {
-    counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint.as_str(), "outcome" => outcome.as_str())
+pub fn idempotency_outcome(endpoint: &'static str, outcome: impl Label) {
+    counter!(IDEMPOTENCY_REQUESTS, "endpoint" => endpoint, "outcome" => outcome.as_str())
         .increment(1);
 }
 
-pub fn published(event_type: EventType, lag_secs: f64) {
+pub fn published(event_type: impl Label, lag_secs: f64) {
     counter!(OUTBOX_PUBLISHED, "event_type" => event_type.as_str()).increment(1);
     histogram!(OUTBOX_LAG).record(lag_secs.max(0.0));
 }
 
-pub fn publish_failure(reason: FailureReason) {
+pub fn publish_failure(reason: impl Label) {
     counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).increment(1);
 }
 
-pub fn rate_limited(route: Route) {
+pub fn rate_limited(route: impl Label) {
     counter!(RATE_LIMITED, "route" => route.as_str()).increment(1);
 }
 
@@ -296,7 +250,7 @@ pub fn reconciled(orders_without_event: u64, keys_without_order: u64, now: f64) 
     gauge!(RECONCILE_LAST_RUN).set(now);
 }
 
-pub fn http_request(method: &str, route: Route, status: u16, seconds: f64) {
+pub fn http_request(method: &str, route: impl Label, status: u16, seconds: f64) {
     let method = match method {
         "GET" => "GET",
         "POST" => "POST",
@@ -311,39 +265,4 @@ pub fn http_request(method: &str, route: Route, status: u16, seconds: f64) {
     counter!(HTTP_REQUESTS, "method" => method, "route" => route, "status" => status.to_string())
         .increment(1);
     histogram!(HTTP_DURATION, "method" => method, "route" => route).record(seconds);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_map_to_a_bounded_set_of_templates() {
-        assert_eq!(Route::of_path("/v1/orders"), Route::Orders);
-        assert_eq!(
-            Route::of_path("/v1/orders/0192f0e4-7c1a-7cc0-8f5e-1d2b3c4d5e6f"),
-            Route::Order
-        );
-        assert_eq!(Route::of_path("/v1/orders/abc/cancel"), Route::CancelOrder);
-        assert_eq!(Route::of_path("/docs/swagger-ui.css"), Route::Docs);
-        assert_eq!(Route::of_path("/healthz/"), Route::Healthz);
-        assert_eq!(
-            Route::of_path("/v1/orders/abc/cancel/extra"),
-            Route::Unmatched
-        );
-        assert_eq!(Route::of_path("/wp-admin/install.php"), Route::Unmatched);
-        assert_eq!(Route::of_path("/unmatched"), Route::Unmatched);
-    }
-
-    #[test]
-    fn labels_round_trip_through_their_spelling() {
-        for e in EventType::ALL {
-            assert_eq!(EventType::parse(e.as_str()), Some(*e));
-        }
-        assert_eq!(
-            Endpoint::parse("POST /v1/orders"),
-            Some(Endpoint::CreateOrder)
-        );
-        assert_eq!(FailureReason::parse("nope"), None);
-    }
 }

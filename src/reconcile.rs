@@ -137,7 +137,7 @@ async fn check_orders(
         let rows = db
             .run(async |c: &mut PgConnection| {
                 sqlx::query_as::<_, (Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL)
-                    .persistent(crate::db::named_statements())
+                    .persistent(db.statements().named())
                     .bind(window_secs)
                     .bind(after.0)
                     .bind(after.1)
@@ -182,7 +182,7 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
         let rows = db
             .run(async |c: &mut PgConnection| {
                 sqlx::query_as::<_, (Uuid, String, String, DateTime<Utc>, bool)>(KEYS_BATCH_SQL)
-                    .persistent(crate::db::named_statements())
+                    .persistent(db.statements().named())
                     .bind(after.0)
                     .bind(after.1)
                     .bind(&after.2)

@@ -28,11 +28,13 @@ pub struct IdempotencyPurge {
 pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<IdempotencyPurge> {
     Ok(IdempotencyPurge {
         expired_keys: in_batches(batch, || {
-            db.run(async |c| store::purge_expired(c, batch).await)
+            db.run(async |c| store::purge_expired(c, db.statements(), batch).await)
         })
         .await?,
         abandoned_claims: in_batches(batch, || {
-            db.run(async |c| store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await)
+            db.run(async |c| {
+                store::purge_abandoned(c, db.statements(), ABANDONED_GRACE_SECS, batch).await
+            })
         })
         .await?,
     })
@@ -43,7 +45,9 @@ pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<Idempot
 pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let retention_secs = retention.as_secs() as i64;
     in_batches(batch, || {
-        db.run(async |c| outbox::store::purge_published(c, retention_secs, batch).await)
+        db.run(async |c| {
+            outbox::store::purge_published(c, db.statements(), retention_secs, batch).await
+        })
     })
     .await
 }

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 
 use tracing_subscriber::{EnvFilter, fmt};
 
-use crate::{metrics::Outcome, tenant::TenantId};
+use crate::tenant::TenantId;
 
 /// Installs the global subscriber; `RUST_LOG` overrides the default filter.
 pub fn init(json: bool) {
@@ -33,7 +33,7 @@ pub fn init(json: bool) {
 pub struct RequestContext {
     pub tenant: Option<TenantId>,
     pub subject: Option<String>,
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<&'static str>,
 }
 
 tokio::task_local! {
@@ -64,6 +64,6 @@ pub fn note_caller(tenant: TenantId, subject: &str) {
 }
 
 /// Notes how the idempotency guard decided the request.
-pub fn note_outcome(outcome: Outcome) {
+pub fn note_outcome(outcome: &'static str) {
     let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome));
 }

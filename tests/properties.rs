@@ -3,11 +3,9 @@
 //! what they should, and treat equal meanings alike.
 
 use orderd::{
-    api::{
-        body::CreateOrderBody,
-        orders::{decode_cursor, encode_cursor},
-    },
+    api::body::CreateOrderBody,
     idempotency::{Fingerprint, IdempotencyKey, KeyError},
+    service::{decode_cursor, encode_cursor},
 };
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -147,8 +145,8 @@ proptest! {
             body.insert("customer_ref".into(), r.clone().into());
         }
         let parsed = CreateOrderBody::parse(&serde_json::to_vec(&body).unwrap()).unwrap();
-        prop_assert_eq!(parsed.sku, sku);
-        prop_assert_eq!(i64::from(parsed.quantity), quantity);
-        prop_assert_eq!(parsed.customer_ref, customer_ref);
+        prop_assert_eq!(parsed.sku(), sku.as_str());
+        prop_assert_eq!(i64::from(parsed.quantity()), quantity);
+        prop_assert_eq!(parsed.customer_ref(), customer_ref.as_deref());
     }
 }

@@ -1,7 +1,8 @@
-//! The bearer security scheme: turns `Authorization: Bearer <JWT>` into a [`Caller`],
-//! admitted by the tenant's limits.
+//! The one way a request's bearer token becomes a [`Caller`], for REST and MCP alike
+//! ([`authenticate`]), and the REST security scheme that also admits the request under
+//! its tenant's limits.
 
-use std::{ops::Deref, sync::Arc};
+use std::sync::Arc;
 
 use poem::Request;
 use poem_openapi::{SecurityScheme, auth::Bearer};
@@ -9,10 +10,11 @@ use poem_openapi::{SecurityScheme, auth::Bearer};
 use super::{
     limits::{Admission, TenantLimiter},
     problem::Problem,
+    routes::Route,
 };
 use crate::{
-    auth::{Principal, Verifier},
-    metrics::Route,
+    auth::{AuthError, Verifier},
+    service::Caller,
 };
 
 /// JWT bearer token with `tenant_id`, `sub`, `exp` and `scope` claims; `orders:write`
@@ -22,39 +24,30 @@ use crate::{
 /// limit, are decided before the body is parsed or any idempotency record is touched.
 #[derive(SecurityScheme)]
 #[oai(ty = "bearer", bearer_format = "JWT", checker = "verify_bearer")]
-pub struct BearerAuth(pub Caller);
+pub struct BearerAuth(pub Admitted);
 
 /// A verified caller, holding one of its tenant's in-flight permits until dropped.
-pub struct Caller {
-    pub principal: Arc<Principal>,
+pub struct Admitted {
+    pub caller: Caller,
     _admission: Admission,
 }
 
-impl Deref for Caller {
-    type Target = Principal;
-
-    fn deref(&self) -> &Principal {
-        &self.principal
-    }
+/// The token of an `Authorization: Bearer` header value, if it is one.
+pub fn bearer_token(header: Option<&str>) -> Result<&str, AuthError> {
+    header
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(AuthError::InvalidToken("a bearer token is required"))
 }
 
-/// Verifies the token and admits the request under its tenant's limits.
-pub async fn admit(
-    verifier: &Verifier,
-    limiter: &Arc<TenantLimiter>,
-    token: &str,
-    route: Route,
-) -> Result<Caller, Problem> {
+/// Verifies the token: the caller it names, noted for the request's log line.
+pub async fn authenticate(verifier: &Verifier, token: &str) -> Result<Caller, AuthError> {
     let principal = verifier.verify(token).await?;
     crate::telemetry::note_caller(principal.tenant, &principal.subject);
-    let admission = limiter.admit(principal.tenant, route).await?;
-    Ok(Caller {
-        principal,
-        _admission: admission,
-    })
+    Ok(Caller::new(principal))
 }
 
-async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
+async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Admitted> {
     let (Some(verifier), Some(limiter)) = (
         req.data::<Arc<Verifier>>(),
         req.data::<Arc<TenantLimiter>>(),
@@ -64,6 +57,13 @@ async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
         ))
         .into());
     };
+    let caller = authenticate(verifier, &bearer.token)
+        .await
+        .map_err(Problem::from)?;
     let route = Route::of_path(req.uri().path());
-    Ok(admit(verifier, limiter, &bearer.token, route).await?)
+    let admission = limiter.admit(caller.tenant(), route).await?;
+    Ok(Admitted {
+        caller,
+        _admission: admission,
+    })
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
 
-use super::{ApiTags, AppState};
-use crate::{auth::Verifier, db};
+use super::ApiTags;
+use crate::{auth::Verifier, db, service::Service};
 
 pub struct HealthApi;
 
@@ -37,13 +37,13 @@ impl HealthApi {
     #[oai(path = "/readyz", method = "get", operation_id = "readyz")]
     async fn readyz(
         &self,
-        state: Data<&AppState>,
+        service: Data<&Service>,
         verifier: Data<&Arc<Verifier>>,
     ) -> ReadyResponse {
         if !verifier.is_ready() {
             return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
         }
-        match db::ping(&state.db).await {
+        match db::ping(service.db()).await {
             Ok(()) => ReadyResponse::Ready(PlainText("ready")),
             Err(why) => {
                 tracing::warn!(error = %why, "readiness probe failed");

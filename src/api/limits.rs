@@ -31,7 +31,10 @@ use governor::{
 use poem::http::{HeaderName, HeaderValue, header};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::problem::{Kind, Problem};
+use super::{
+    problem::{Kind, Problem},
+    routes::Route,
+};
 use crate::{config::TenantLimits, metrics, tenant::TenantId};
 
 type Buckets = RateLimiter<
@@ -92,7 +95,7 @@ impl TenantLimiter {
     pub async fn admit(
         self: &Arc<Self>,
         tenant: TenantId,
-        route: metrics::Route,
+        route: Route,
     ) -> Result<Admission, Problem> {
         if let Some(buckets) = &self.buckets
             && let Err(not_until) = buckets.check_key(&tenant)
@@ -202,13 +205,9 @@ mod tests {
         let limiter = limiter(1, 3, 10);
         let tenant = TenantId(Uuid::new_v4());
         for _ in 0..3 {
-            limiter.admit(tenant, metrics::Route::Orders).await.unwrap();
+            limiter.admit(tenant, Route::Orders).await.unwrap();
         }
-        let problem = limiter
-            .admit(tenant, metrics::Route::Orders)
-            .await
-            .err()
-            .unwrap();
+        let problem = limiter.admit(tenant, Route::Orders).await.err().unwrap();
         assert_eq!(problem.kind, Kind::RateLimited);
         let header = |name: &str| {
             problem
@@ -226,7 +225,7 @@ mod tests {
         // Another tenant has its own bucket.
         assert!(
             limiter
-                .admit(TenantId(Uuid::new_v4()), metrics::Route::Orders)
+                .admit(TenantId(Uuid::new_v4()), Route::Orders)
                 .await
                 .is_ok()
         );
@@ -236,8 +235,8 @@ mod tests {
     async fn permits_are_per_tenant_and_forgotten_when_idle() {
         let limiter = limiter(1000, 1000, 1);
         let (a, b) = (TenantId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
-        let held = limiter.admit(a, metrics::Route::Orders).await.unwrap();
-        assert!(limiter.admit(b, metrics::Route::Orders).await.is_ok());
+        let held = limiter.admit(a, Route::Orders).await.unwrap();
+        assert!(limiter.admit(b, Route::Orders).await.is_ok());
         assert_eq!(
             limiter.tenants_in_memory().1,
             1,

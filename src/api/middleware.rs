@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     problem::{FieldError, Kind, Problem},
+    routes::Route,
     server::Conn,
 };
 use crate::{metrics, telemetry};
@@ -34,7 +35,7 @@ pub const MAX_URI_BYTES: usize = 8 * 1024;
 pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
     let started = Instant::now();
     let method = req.method().clone();
-    let route = metrics::Route::of_path(req.uri().path());
+    let route = Route::of_path(req.uri().path());
     let request_id = request_id(&req);
     let (response, context) = telemetry::with_request_context(async {
         inner.call(req).await.map(IntoResponse::into_response)
@@ -51,13 +52,13 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
     tracing::info!(
         method = %method,
         route = route.as_str(),
-        transport = if route == metrics::Route::Mcp { "mcp" } else { "rest" },
+        transport = route.transport(),
         status,
         latency_ms = elapsed * 1000.0,
         tenant = context.tenant.map(|t| t.to_string()),
         sub = context.subject,
         request_id = %request_id,
-        idempotency = context.outcome.map(|o| o.as_str()),
+        idempotency = context.outcome,
         "request"
     );
     Ok(response)
@@ -75,23 +76,12 @@ pub async fn errors_as_problems<E: Endpoint>(
         Err(err) => {
             let mut problem = to_problem(err);
             if problem.kind == Kind::MethodNotAllowed {
-                let allowed = allowed_methods(metrics::Route::of_path(&path));
+                let allowed = Route::of_path(&path).allowed_methods();
                 problem = problem.with_header(header::ALLOW, HeaderValue::from_static(allowed));
             }
             problem.to_response(Some(&path))
         }
     })
-}
-
-/// The methods each route answers.
-fn allowed_methods(route: metrics::Route) -> &'static str {
-    use metrics::Route as R;
-    match route {
-        R::Orders => "GET, HEAD, POST",
-        R::CancelOrder => "POST",
-        R::Unmatched => "",
-        _ => "GET, HEAD",
-    }
 }
 
 /// Sheds load beyond `in_flight` requests with 503 and `Retry-After`, before any
@@ -102,10 +92,7 @@ pub async fn shed_load<E: Endpoint>(
     inner: Arc<E>,
     req: Request,
 ) -> poem::Result<Response> {
-    let exempt = matches!(
-        metrics::Route::of_path(req.uri().path()),
-        metrics::Route::Healthz | metrics::Route::Readyz | metrics::Route::Metrics
-    );
+    let exempt = Route::of_path(req.uri().path()).is_probe();
     let _permit = match in_flight.try_acquire_owned() {
         Ok(permit) => Some(permit),
         Err(_) if exempt => None,

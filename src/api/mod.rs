@@ -1,21 +1,23 @@
 //! The HTTP surface: the REST API (one file per resource, combined into one OpenAPI
-//! service), the spec and Swagger UI, the probes and `/metrics`.
+//! service), the MCP endpoint, the spec and Swagger UI, the probes and `/metrics`.
 //!
-//! This layer parses, authenticates and authorises, maps typed errors to problem+json
-//! ([`problem`]) and turns stored responses back into HTTP ([`idempotent`]). Writes go
-//! to the idempotency core, reads to the orders module; SQL lives below this layer.
+//! This layer parses HTTP framing, authenticates ([`auth`]), admits under the tenant's
+//! limits, calls the application layer ([`crate::service`]) and renders its replies
+//! ([`reply`], and problems as problem+json, [`problem`]). It runs no SQL and holds no
+//! business rule.
 
 pub mod auth;
 pub mod body;
 pub mod health;
-pub mod idempotent;
 pub mod limits;
 pub mod mcp;
 pub mod middleware;
 pub mod orders;
 pub mod params;
 pub mod problem;
+pub mod reply;
 pub mod responses;
+pub mod routes;
 pub mod server;
 pub mod spec;
 
@@ -26,14 +28,14 @@ use poem::{Endpoint, EndpointExt, Route, middleware::CatchPanic};
 use poem_openapi::{OpenApiService, Tags};
 
 use self::limits::TenantLimiter;
-use crate::{auth::Verifier, config::Config, db::Db, idempotency::Guard};
-
-/// What handlers share, handed to them as request data.
-#[derive(Clone)]
-pub struct AppState {
-    pub db: Db,
-    pub guard: Guard,
-}
+use crate::{
+    auth::Verifier,
+    config::Config,
+    idempotency,
+    metrics::{KnownLabels, Label},
+    outbox,
+    service::{self, Service},
+};
 
 #[derive(Tags)]
 pub enum ApiTags {
@@ -44,7 +46,7 @@ pub enum ApiTags {
 }
 
 /// The API as an OpenAPI service; also the source of the committed spec. It holds no
-/// state (handlers take [`AppState`] from the request), so the document is the same
+/// state (handlers take the [`Service`] from the request), so the document is the same
 /// for every deployment and needs no database to print.
 pub fn service() -> OpenApiService<(orders::OrdersApi, health::HealthApi), ()> {
     OpenApiService::new(
@@ -77,7 +79,7 @@ impl Shared {
 /// The whole HTTP surface of `orderd serve`, with its middleware; `/metrics` only when
 /// `with_metrics` (else it is served on a listener of its own).
 pub fn routes(
-    state: AppState,
+    app: Service,
     shared: &Shared,
     config: &Config,
     with_metrics: bool,
@@ -88,11 +90,7 @@ pub fn routes(
         route = route.at("/metrics", metrics_endpoint());
     }
     let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight));
-    let mcp = mcp::Mcp::new(
-        state.clone(),
-        shared,
-        config.http.mcp_allowed_origins.clone(),
-    );
+    let mcp = mcp::Mcp::new(app.clone(), shared, config.http.mcp_allowed_origins.clone());
     route
         .at("/mcp", mcp)
         .at(
@@ -103,7 +101,7 @@ pub fn routes(
         .at("/openapi.yaml", spec::yaml_endpoint())
         .nest("/docs", api.swagger_ui())
         .nest("/", api)
-        .data(state)
+        .data(app)
         .data(shared.verifier.clone())
         .data(shared.limiter.clone())
         .with(CatchPanic::new().with_handler(middleware::panic_response))
@@ -122,7 +120,18 @@ pub fn ops_routes() -> impl Endpoint {
 
 /// `GET /metrics`: the Prometheus text format.
 fn metrics_endpoint() -> impl Endpoint {
-    poem::get(metrics_text).data(crate::metrics::install())
+    poem::get(metrics_text).data(crate::metrics::install(&known_labels()))
+}
+
+/// Every label value of the labelled metrics, from the modules that own them.
+pub fn known_labels() -> KnownLabels {
+    KnownLabels {
+        endpoints: service::Endpoint::spellings(),
+        outcomes: idempotency::Outcome::spellings(),
+        event_types: outbox::EventType::spellings(),
+        failure_reasons: outbox::FailureReason::spellings(),
+        routes: routes::Route::spellings(),
+    }
 }
 
 #[poem::handler]

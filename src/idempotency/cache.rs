@@ -32,8 +32,7 @@ use std::{
 use moka::{Expiry, sync::Cache};
 use uuid::Uuid;
 
-use super::{Fingerprint, store::Scope, store::StoredResponse};
-use crate::metrics::Endpoint;
+use super::{Fingerprint, record::StoredResponse, store::Scope};
 
 /// What an entry costs beyond its variable parts: the key and value structs, the
 /// `Arc`, the allocator's headers and its fragmentation, and moka's own bookkeeping
@@ -47,7 +46,7 @@ const ENTRY_OVERHEAD: usize = 1200;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     tenant: Uuid,
-    endpoint: Endpoint,
+    endpoint: &'static str,
     idem_key: Box<str>,
 }
 
@@ -179,7 +178,7 @@ mod tests {
     fn scope(tenant: u128, key: &str) -> Scope {
         Scope {
             tenant: TenantId(Uuid::from_u128(tenant)),
-            endpoint: Endpoint::CreateOrder,
+            endpoint: "POST /v1/orders",
             key: IdempotencyKey::parse(Some(key)).unwrap(),
         }
     }
@@ -227,7 +226,7 @@ mod tests {
         remember(&cache, "{}", t0, 60);
         assert_eq!(cache.lookup(&scope(2, KEY), &A, t0), Lookup::Miss);
         let mut cancel = scope(1, KEY);
-        cancel.endpoint = Endpoint::CancelOrder;
+        cancel.endpoint = "POST /v1/orders/{id}/cancel";
         assert_eq!(cache.lookup(&cancel, &A, t0), Lookup::Miss);
     }
 

@@ -5,35 +5,12 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{Fingerprint, store::StoredResponse};
-
-/// A record as stored, with the database clock at the moment it was read.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    /// The fingerprint of the request that claimed (or completed) the key.
-    pub fingerprint: Vec<u8>,
-    pub state: State,
-    /// `clock_timestamp()` when the row was read: leases and expiry are judged on the
-    /// database's clock, never on this process's.
-    pub read_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum State {
-    /// Claimed and being executed by the request holding `owner`.
-    Processing {
-        owner: Uuid,
-        lease_until: DateTime<Utc>,
-    },
-    /// Done; `response` is replayed to every retry until `expires_at`.
-    Completed {
-        expires_at: DateTime<Utc>,
-        response: StoredResponse,
-    },
-}
+use super::{
+    Fingerprint,
+    record::{Record, State},
+};
 
 /// What to do about an existing record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +59,10 @@ pub fn retry_after(lease_remaining: Duration) -> Duration {
 mod tests {
     use chrono::TimeDelta;
 
+    use chrono::{DateTime, Utc};
+
     use super::*;
+    use crate::idempotency::record::StoredResponse;
 
     fn at() -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()

@@ -14,6 +14,7 @@ pub mod cache;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
+pub mod record;
 pub mod store;
 
 use std::{
@@ -34,15 +35,31 @@ use self::{
 pub use self::{
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyError},
-    store::{Fence, Scope, StoredResponse},
+    record::StoredResponse,
+    store::{Completion, Fence, Scope},
 };
 use crate::{
     config::IdempotencyConfig,
     db::{Conn, Db},
-    metrics,
-    metrics::Outcome,
+    metrics::{self, label_enum},
     telemetry,
 };
+
+label_enum! {
+    /// How the guard decided one request (`idempotency_requests_total{outcome}`).
+    pub Outcome {
+        /// This request executed the operation and its response was stored.
+        Created => "created",
+        /// A stored response was replayed (also after waiting for an in-flight twin).
+        Replayed => "replayed",
+        /// The key was used before with a different request.
+        PayloadConflict => "payload_conflict",
+        /// Another request owns the key, or this one lost its lease: answered 409.
+        InFlight => "in_flight",
+        /// This request took over an expired lease and executed the operation.
+        LeaseTakeover => "lease_takeover",
+    }
+}
 
 /// The future an operation returns: it borrows the transaction it was handed.
 pub type TxFuture<'c, E> = Pin<Box<dyn Future<Output = Result<StoredResponse, E>> + Send + 'c>>;
@@ -134,8 +151,8 @@ impl Guard {
     }
 
     /// Like [`Guard::run`], for an operation that writes everything in one statement
-    /// which also completes the record: it embeds [`store::fenced_completion!`], binds
-    /// it with [`store::bind_completion`] and writes only if the completion matched.
+    /// which also completes the record: it embeds [`Completion`] (its text and its
+    /// parameters) and writes only if the completion matched.
     /// The whole write is then one round trip with no `BEGIN` or `COMMIT`, instead of
     /// four. Only an operation that knows its response before it writes can do this
     /// (a create: its answer is the order it is about to insert).
@@ -230,11 +247,20 @@ impl Guard {
             let owner = Uuid::new_v4();
             let sent = Instant::now();
             let found = if row_exists {
-                self.db.run(async |c| store::read(c, scope).await).await?
+                self.db
+                    .run(async |c| store::read(c, self.db.statements(), scope).await)
+                    .await?
             } else {
                 let mut conn = self.db.conn().await?;
-                let found =
-                    store::claim_or_read(&mut *conn, scope, fingerprint, owner, lease_ms).await?;
+                let found = store::claim_or_read(
+                    &mut *conn,
+                    self.db.statements(),
+                    scope,
+                    fingerprint,
+                    owner,
+                    lease_ms,
+                )
+                .await?;
                 let conn = if conn.autocommits() {
                     Some(conn)
                 } else {
@@ -267,7 +293,7 @@ impl Guard {
             row_exists = true;
             match decide(&record, fingerprint) {
                 Step::Replay => {
-                    let decide::State::Completed {
+                    let record::State::Completed {
                         response,
                         expires_at,
                     } = record.state
@@ -284,7 +310,15 @@ impl Guard {
                     let reclaimed = self
                         .db
                         .run(async |c| {
-                            store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
+                            store::reclaim_expired(
+                                c,
+                                self.db.statements(),
+                                scope,
+                                fingerprint,
+                                owner,
+                                lease_ms,
+                            )
+                            .await
                         })
                         .await?;
                     if let Some(at) = reclaimed {
@@ -300,8 +334,15 @@ impl Guard {
                     let taken = self
                         .db
                         .run(async |c| {
-                            store::take_over_expired_lease(c, scope, seen_owner, owner, lease_ms)
-                                .await
+                            store::take_over_expired_lease(
+                                c,
+                                self.db.statements(),
+                                scope,
+                                seen_owner,
+                                owner,
+                                lease_ms,
+                            )
+                            .await
                         })
                         .await?;
                     if let Some(at) = taken {
@@ -350,7 +391,7 @@ impl Guard {
         let response = operation(&mut tx, fence.at)
             .await
             .map_err(GuardError::Operation)?;
-        if !store::complete(&mut tx, &fence, &response).await? {
+        if !store::complete(&mut tx, self.db.statements(), &fence, &response).await? {
             // Dropping `tx` rolls back everything this request wrote.
             drop(tx);
             return Err(self.lease_lost(fence.scope));
@@ -415,7 +456,7 @@ fn observe<E>(
     };
     if let Some(outcome) = outcome {
         metrics::idempotency_outcome(scope.endpoint, outcome);
-        telemetry::note_outcome(outcome);
+        telemetry::note_outcome(outcome.as_str());
     }
     result.map(|(answer, _)| answer)
 }
@@ -442,7 +483,7 @@ impl Drop for ReleaseOnDrop {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if let Err(e) = db
-                    .run(async |c| store::release(c, &scope, owner).await)
+                    .run(async |c| store::release(c, db.statements(), &scope, owner).await)
                     .await
                 {
                     // The lease still expires, after which a retry takes the key over.

@@ -13,22 +13,27 @@
 //! transaction pooler, and needs no second pool. The fenced completion is the one
 //! durable commit of a request.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor, Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::{
-    decide::{Record, State},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
+    record::{Record, State, StoredResponse},
 };
-use crate::{metrics::Endpoint, tenant::TenantId};
+use crate::db::Statements;
+use crate::tenant::TenantId;
 
 /// The primary key of a record.
 #[derive(Debug, Clone)]
 pub struct Scope {
     pub tenant: TenantId,
-    pub endpoint: Endpoint,
+    /// The operation's name, stored in `idempotency_record.endpoint`: the caller's
+    /// choice (method and route template), opaque to the guard.
+    pub endpoint: &'static str,
     pub key: IdempotencyKey,
 }
 
@@ -43,15 +48,6 @@ pub struct Fence<'a> {
     /// The database's clock when this request came to own the key: the time of the
     /// change the operation makes.
     pub at: DateTime<Utc>,
-}
-
-/// A stored response, replayed byte for byte: what the first execution answered.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredResponse {
-    pub status: u16,
-    pub location: Option<String>,
-    pub content_type: Option<String>,
-    pub body: Vec<u8>,
 }
 
 /// Claim or read, in one statement: `INSERT ... ON CONFLICT DO NOTHING` (the one
@@ -106,23 +102,63 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
        AND state = 'COMPLETED' AND expires_at <= clock_timestamp()
      RETURNING clock_timestamp()";
 
-/// The text of the fenced completion (parameters `$1` to `$9`, see [`bind_completion`]),
-/// as a macro so that a one-statement operation can embed it with `concat!`.
-macro_rules! fenced_completion {
-    () => {
-        "UPDATE idempotency_record
-     SET state = 'COMPLETED', response_status = $5, response_location = $6,
-         response_content_type = $7, response_body = $8, completed_at = clock_timestamp(),
-         expires_at = clock_timestamp() + $9 * interval '1 second', lease_until = NULL
-     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'PROCESSING' AND owner_token = $4"
-    };
+/// The fenced completion as a part of a statement: the record moves to COMPLETED with
+/// its response only while `fence`'s owner still owns it. It numbers its own
+/// parameters from wherever the composing statement puts it ([`Completion::sql`]) and
+/// binds them itself ([`Completion::bind`]), so a statement that embeds it (a create:
+/// the order, its event and the completion in one round trip) never spells its
+/// parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'a> {
+    pub fence: &'a Fence<'a>,
+    pub response: &'a StoredResponse,
 }
 
-pub(crate) use fenced_completion;
+impl<'a> Completion<'a> {
+    /// How many parameters [`Completion::sql`] uses.
+    pub const PARAMS: usize = 9;
 
-/// The fenced completion: matches only while the owner still owns the claim.
-pub const COMPLETE: &str = fenced_completion!();
+    /// The `UPDATE`, its parameters numbered from `$first`.
+    pub fn sql(first: usize) -> String {
+        let p = |i: usize| format!("${}", first + i);
+        format!(
+            "UPDATE idempotency_record
+     SET state = 'COMPLETED', response_status = {status}, response_location = {location},
+         response_content_type = {content_type}, response_body = {body}, completed_at = clock_timestamp(),
+         expires_at = clock_timestamp() + {ttl} * interval '1 second', lease_until = NULL
+     WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
+       AND state = 'PROCESSING' AND owner_token = {owner}",
+            tenant = p(0),
+            endpoint = p(1),
+            key = p(2),
+            owner = p(3),
+            status = p(4),
+            location = p(5),
+            content_type = p(6),
+            body = p(7),
+            ttl = p(8),
+        )
+    }
+
+    /// Binds the parameters of [`Completion::sql`], in its order, after those bound
+    /// before.
+    pub fn bind(self, query: Query<'a, Postgres, PgArguments>) -> Query<'a, Postgres, PgArguments> {
+        let scope = self.fence.scope;
+        query
+            .bind(scope.tenant.0)
+            .bind(scope.endpoint)
+            .bind(scope.key.as_str())
+            .bind(self.fence.owner)
+            .bind(self.response.status as i16)
+            .bind(&self.response.location)
+            .bind(&self.response.content_type)
+            .bind(&self.response.body)
+            .bind(self.fence.ttl_secs)
+    }
+}
+
+/// The fenced completion alone: the last statement of a business transaction.
+pub static COMPLETE: LazyLock<String> = LazyLock::new(|| Completion::sql(1));
 
 /// Gives a claim back: only the owner's own PROCESSING row.
 pub const RELEASE: &str = "DELETE FROM idempotency_record
@@ -221,15 +257,16 @@ pub enum ClaimOrRead {
 /// Claims an unknown key for `owner`, or reads the record that holds it.
 pub async fn claim_or_read(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     scope: &Scope,
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
     let row: Option<ClaimRow> = sqlx::query_as(CLAIM_OR_READ)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
+        .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(fingerprint.as_bytes())
         .bind(owner)
@@ -244,11 +281,15 @@ pub async fn claim_or_read(
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
-pub async fn read(db: impl PgExecutor<'_>, scope: &Scope) -> sqlx::Result<Option<Record>> {
+pub async fn read(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+    scope: &Scope,
+) -> sqlx::Result<Option<Record>> {
     let row: Option<Row> = sqlx::query_as(READ)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
+        .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .fetch_optional(db)
         .await?;
@@ -260,15 +301,16 @@ pub async fn read(db: impl PgExecutor<'_>, scope: &Scope) -> sqlx::Result<Option
 /// exactly one wins.
 pub async fn take_over_expired_lease(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     scope: &Scope,
     seen_owner: Uuid,
     new_owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
     sqlx::query_scalar(TAKE_OVER)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
+        .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(new_owner)
         .bind(lease_ms)
@@ -281,15 +323,16 @@ pub async fn take_over_expired_lease(
 /// for a different request: an expired key is a new key).
 pub async fn reclaim_expired(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     scope: &Scope,
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
     sqlx::query_scalar(RECLAIM)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
+        .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(fingerprint.as_bytes())
         .bind(owner)
@@ -302,43 +345,29 @@ pub async fn reclaim_expired(
 /// False means ownership was lost and the caller must roll back.
 pub async fn complete(
     tx: &mut PgConnection,
+    statements: Statements,
     fence: &Fence<'_>,
     response: &StoredResponse,
 ) -> sqlx::Result<bool> {
-    let query = sqlx::query(COMPLETE).persistent(crate::db::named_statements());
-    let done = bind_completion(query, fence, response)
+    let query = sqlx::query(COMPLETE.as_str()).persistent(statements.named());
+    let done = Completion { fence, response }
+        .bind(query)
         .execute(&mut *tx)
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// Binds `$1` to `$9` of [`fenced_completion!`]: the record, its owner, the response
-/// and its lifetime. A statement that embeds the completion binds its own parameters
-/// after these.
-pub fn bind_completion<'q>(
-    query: Query<'q, Postgres, PgArguments>,
-    fence: &Fence<'q>,
-    response: &'q StoredResponse,
-) -> Query<'q, Postgres, PgArguments> {
-    let scope = fence.scope;
-    query
-        .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
-        .bind(scope.key.as_str())
-        .bind(fence.owner)
-        .bind(response.status as i16)
-        .bind(&response.location)
-        .bind(&response.content_type)
-        .bind(&response.body)
-        .bind(fence.ttl_secs)
-}
-
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.
-pub async fn release(db: impl PgExecutor<'_>, scope: &Scope, owner: Uuid) -> sqlx::Result<()> {
+pub async fn release(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+    scope: &Scope,
+    owner: Uuid,
+) -> sqlx::Result<()> {
     sqlx::query(RELEASE)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(scope.tenant.0)
-        .bind(scope.endpoint.as_str())
+        .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(owner)
         .execute(db)
@@ -347,9 +376,13 @@ pub async fn release(db: impl PgExecutor<'_>, scope: &Scope, owner: Uuid) -> sql
 }
 
 /// Deletes up to `batch` completed keys past retention; returns how many.
-pub async fn purge_expired(db: impl PgExecutor<'_>, batch: i64) -> sqlx::Result<u64> {
+pub async fn purge_expired(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+    batch: i64,
+) -> sqlx::Result<u64> {
     let done = sqlx::query(PURGE_EXPIRED)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(batch)
         .execute(db)
         .await?;
@@ -360,11 +393,12 @@ pub async fn purge_expired(db: impl PgExecutor<'_>, batch: i64) -> sqlx::Result<
 /// ago and that no retry took over; returns how many.
 pub async fn purge_abandoned(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     grace_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(PURGE_ABANDONED)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(grace_secs)
         .bind(batch)
         .execute(db)

@@ -7,10 +7,12 @@
 //! wire is decided by its readers: the API (`api::orders`) and the event format
 //! (`outbox::event`).
 
+pub mod rules;
 pub mod store;
 
+pub use self::rules::{Invalid, NewOrder};
+
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::outbox::event::OrderState;
@@ -56,9 +58,9 @@ impl Order {
     pub fn created(new: &NewOrder, at: DateTime<Utc>) -> Self {
         Self {
             id: Uuid::now_v7(),
-            sku: new.sku.clone(),
-            quantity: new.quantity,
-            customer_ref: new.customer_ref.clone(),
+            sku: new.sku().to_string(),
+            quantity: new.quantity(),
+            customer_ref: new.customer_ref().map(str::to_string),
             status: OrderStatus::Created,
             created_at: at,
             updated_at: at,
@@ -78,15 +80,6 @@ impl Order {
             updated_at: self.updated_at,
         }
     }
-}
-
-/// A validated create request (validation happens at the edge). Serialised to
-/// fingerprint the request: it is the create's effect.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NewOrder {
-    pub sku: String,
-    pub quantity: i32,
-    pub customer_ref: Option<String>,
 }
 
 /// What a cancel did.

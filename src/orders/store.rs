@@ -2,15 +2,17 @@
 //! so the change and its event commit or vanish together: a cancel inside the caller's
 //! transaction, a create as one statement that also completes its idempotency record.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    idempotency::store::{Fence, StoredResponse, bind_completion, fenced_completion},
-    metrics::EventType,
-    outbox::{self, event::NewEvent},
+    db::Statements,
+    idempotency::{Completion, Fence, StoredResponse},
+    outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
 };
 
@@ -25,47 +27,73 @@ macro_rules! columns {
 /// A create in one statement (one round trip, no `BEGIN`/`COMMIT`): the fenced
 /// completion of the idempotency record with the response, then the order only if the
 /// completion matched, then its `OrderCreated` event only if the order was inserted.
-/// One implicit transaction, so all three commit or none does. The event's columns are
-/// those of [`outbox::writer::APPEND`]; its body is built from the order, which is
-/// known in full before the statement runs, as is the response.
-pub const CREATE: &str = concat!(
-    "WITH completed AS (",
-    fenced_completion!(),
-    " RETURNING 1
-     ),
-     created AS (
-         INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
-         SELECT $10, $11, $12, $13, $14, 'CREATED', $15, $15 FROM completed
-         RETURNING tenant_id, id, version, updated_at
-     )
-     INSERT INTO outbox_event
-            (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
-     SELECT tenant_id, $16, id, version, $17, $18, updated_at, clock_timestamp() FROM created"
-);
+/// One implicit transaction, so all three commit or none does. Each part is its
+/// owner's ([`Completion`], the order insert here, [`EventRow`]) and numbers its own
+/// parameters from where this composition puts it; the response and the event are
+/// known in full before the statement runs, since the order is.
+pub static CREATE: LazyLock<String> = LazyLock::new(|| {
+    let order = 1 + Completion::PARAMS;
+    let event = order + ORDER_PARAMS;
+    format!(
+        "WITH completed AS ({completion} RETURNING 1),
+     created AS ({insert} RETURNING 1)
+     {event_row}",
+        completion = Completion::sql(1),
+        insert = insert_order_sql(order, "completed"),
+        event_row = EventRow::insert_sql(event, Some("created")),
+    )
+});
 
-/// Inserts `order` (built by [`Order::created`]) and its `OrderCreated` event, and
-/// completes the record `fence` names with `response`, all or nothing. False when the
-/// fence no longer held (another request took the key over): nothing was written.
-pub async fn create(
-    conn: &mut PgConnection,
-    fence: &Fence<'_>,
-    response: &StoredResponse,
-    order: &Order,
-) -> sqlx::Result<bool> {
-    let tenant = fence.scope.tenant;
-    let event = event(tenant, EventType::OrderCreated, order);
-    let event_id = Uuid::now_v7();
-    let query = sqlx::query(CREATE).persistent(crate::db::named_statements());
-    let done = bind_completion(query, fence, response)
+/// How many parameters [`insert_order_sql`] uses.
+const ORDER_PARAMS: usize = 6;
+
+/// The insert of a new order, once for each row of the CTE `only_if`, its parameters
+/// numbered from `$first` (bound by [`bind_order`]).
+fn insert_order_sql(first: usize, only_if: &str) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
+         SELECT {tenant}, {id}, {sku}, {quantity}, {customer_ref}, 'CREATED', {at}, {at} FROM {only_if}",
+        tenant = p(0),
+        id = p(1),
+        sku = p(2),
+        quantity = p(3),
+        customer_ref = p(4),
+        at = p(5),
+    )
+}
+
+fn bind_order<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    tenant: TenantId,
+    order: &'q Order,
+) -> Query<'q, Postgres, PgArguments> {
+    query
         .bind(tenant.0)
         .bind(order.id)
         .bind(&order.sku)
         .bind(order.quantity)
         .bind(&order.customer_ref)
         .bind(order.created_at)
-        .bind(event_id)
-        .bind(event.event_type.as_str())
-        .bind(event.body(event_id))
+}
+
+/// Inserts `order` (built by [`Order::created`]) and its `OrderCreated` event, and
+/// completes the record `fence` names with `response`, all or nothing. False when the
+/// fence no longer held (another request took the key over): nothing was written.
+pub async fn create(
+    conn: &mut PgConnection,
+    statements: Statements,
+    fence: &Fence<'_>,
+    response: &StoredResponse,
+    order: &Order,
+) -> sqlx::Result<bool> {
+    let tenant = fence.scope.tenant;
+    let event = event(tenant, EventType::OrderCreated, order);
+    let row = EventRow::new(&event);
+    let query = sqlx::query(CREATE.as_str()).persistent(statements.named());
+    let query = Completion { fence, response }.bind(query);
+    let done = row
+        .bind(bind_order(query, tenant, order))
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
@@ -74,6 +102,7 @@ pub async fn create(
 /// Cancels the order; a second cancel returns it unchanged and emits nothing.
 pub async fn cancel(
     tx: &mut PgConnection,
+    statements: Statements,
     tenant: TenantId,
     id: Uuid,
 ) -> sqlx::Result<CancelOutcome> {
@@ -84,16 +113,21 @@ pub async fn cancel(
          WHERE tenant_id = $1 AND id = $2 AND status = 'CREATED'
          RETURNING ", columns!(), ""
     ))
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
     .bind(tenant.0)
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(order) = cancelled {
-        outbox::writer::append(tx, &event(tenant, EventType::OrderCancelled, &order)).await?;
+        outbox::writer::append(
+            tx,
+            statements,
+            &event(tenant, EventType::OrderCancelled, &order),
+        )
+        .await?;
         return Ok(CancelOutcome::Cancelled(order));
     }
-    Ok(match get(&mut *tx, tenant, id).await? {
+    Ok(match get(&mut *tx, statements, tenant, id).await? {
         Some(order) => CancelOutcome::AlreadyCancelled(order),
         None => CancelOutcome::NotFound,
     })
@@ -115,6 +149,7 @@ fn event(tenant: TenantId, event_type: EventType, order: &Order) -> NewEvent {
 /// One order of this tenant.
 pub async fn get(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     tenant: TenantId,
     id: Uuid,
 ) -> sqlx::Result<Option<Order>> {
@@ -123,7 +158,7 @@ pub async fn get(
         columns!(),
         " FROM orders WHERE tenant_id = $1 AND id = $2"
     ))
-    .persistent(crate::db::named_statements())
+    .persistent(statements.named())
     .bind(tenant.0)
     .bind(id)
     .fetch_optional(db)
@@ -156,6 +191,7 @@ pub const LIST_AFTER: &str = concat!(
 /// Newest first, keyset-paginated on `(created_at, id)`; returns up to `limit` orders.
 pub async fn list(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     tenant: TenantId,
     limit: i64,
     after: Option<PageAfter>,
@@ -163,7 +199,7 @@ pub async fn list(
     match after {
         None => {
             sqlx::query_as(LIST_FIRST)
-                .persistent(crate::db::named_statements())
+                .persistent(statements.named())
                 .bind(tenant.0)
                 .bind(limit)
                 .fetch_all(db)
@@ -171,7 +207,7 @@ pub async fn list(
         }
         Some(after) => {
             sqlx::query_as(LIST_AFTER)
-                .persistent(crate::db::named_statements())
+                .persistent(statements.named())
                 .bind(tenant.0)
                 .bind(after.created_at)
                 .bind(after.id)

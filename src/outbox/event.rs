@@ -8,7 +8,16 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 use uuid::Uuid;
 
-use crate::{metrics::EventType, tenant::TenantId};
+use crate::{metrics::label_enum, tenant::TenantId};
+
+label_enum! {
+    /// The kinds of event: `outbox_event.event_type`, the `event_type` field and SNS
+    /// attribute, and the `outbox_published_total{event_type}` label.
+    pub EventType {
+        OrderCreated => "OrderCreated",
+        OrderCancelled => "OrderCancelled",
+    }
+}
 
 /// The version of the event format. Fields are only ever added within a version; a
 /// change that could break a consumer (a field removed, renamed or retyped, a meaning

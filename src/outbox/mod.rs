@@ -13,3 +13,5 @@ pub mod relay;
 pub mod sns;
 pub mod store;
 pub mod writer;
+
+pub use self::{event::EventType, publisher::FailureReason};

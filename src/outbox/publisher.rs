@@ -7,7 +7,26 @@ use std::{future::Future, pin::Pin};
 
 use uuid::Uuid;
 
-use crate::metrics::{EventType, FailureReason};
+use super::event::EventType;
+use crate::metrics::label_enum;
+
+label_enum! {
+    /// Why a publish failed, as a low-cardinality class of the SNS (or KMS) error
+    /// (`outbox_publish_failures_total{reason}`).
+    pub FailureReason {
+        Throttling => "throttling",
+        KmsThrottling => "kms_throttling",
+        Server => "server",
+        Timeout => "timeout",
+        Network => "network",
+        InvalidParameter => "invalid_parameter",
+        NotFound => "not_found",
+        Authorization => "authorization",
+        Kms => "kms",
+        OtherClient => "other_client",
+        OtherServer => "other_server",
+    }
+}
 
 /// One event to publish.
 #[derive(Debug, Clone)]

@@ -189,7 +189,14 @@ impl Relay {
         let batch = self
             .db
             .run(async |c| {
-                store::claim_due(c, self.config.batch_size as i64, lease_ms, claim).await
+                store::claim_due(
+                    c,
+                    self.db.statements(),
+                    self.config.batch_size as i64,
+                    lease_ms,
+                    claim,
+                )
+                .await
             })
             .await?;
         if batch.is_empty() {
@@ -232,8 +239,8 @@ impl Relay {
         // event of each order may go.
         self.db
             .run(async |c| {
-                store::mark_published(&mut *c, &published, claim).await?;
-                store::mark_failed(&mut *c, &failures, claim).await
+                store::mark_published(&mut *c, self.db.statements(), &published, claim).await?;
+                store::mark_failed(&mut *c, self.db.statements(), &failures, claim).await
             })
             .await?;
         if not_sent.is_empty() || !published.is_empty() {
@@ -246,7 +253,9 @@ impl Relay {
             let pause = self.backoff.next(failed_rounds);
             let pause_ms = pause.as_millis() as i64;
             self.db
-                .run(async |c| store::put_back(c, &not_sent, claim, pause_ms).await)
+                .run(async |c| {
+                    store::put_back(c, self.db.statements(), &not_sent, claim, pause_ms).await
+                })
                 .await?;
             round.pause = published.is_empty().then_some(pause);
         }

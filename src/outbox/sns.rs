@@ -11,8 +11,8 @@ use aws_sdk_sns::{
     types::{MessageAttributeValue, PublishBatchRequestEntry},
 };
 
+use super::publisher::FailureReason;
 use super::publisher::{Message, Outcome, Outcomes, PublishError, Publisher, Retry, classify};
-use crate::metrics::FailureReason;
 
 /// SNS accepts at most 10 entries per `PublishBatch` ...
 pub const MAX_BATCH_ENTRIES: usize = 10;
@@ -306,7 +306,7 @@ mod tests {
     fn message(body_len: usize) -> Message {
         Message {
             event_id: Uuid::new_v4(),
-            event_type: crate::metrics::EventType::OrderCreated,
+            event_type: crate::outbox::EventType::OrderCreated,
             tenant_id: Uuid::new_v4(),
             aggregate_id: Uuid::new_v4(),
             body: "x".repeat(body_len),

@@ -9,7 +9,9 @@
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use crate::metrics::EventType;
+use super::event::EventType;
+
+use crate::db::Statements;
 
 /// A claimed event, ready to publish.
 #[derive(Debug, Clone)]
@@ -124,12 +126,13 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
 /// Claims up to `batch` due events (see [`CLAIM_DUE`]) and leases them for `lease_ms`.
 pub async fn claim_due(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Vec<PendingEvent>> {
     let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_DUE)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
@@ -162,6 +165,7 @@ pub async fn claim_due(
 /// Marks events acknowledged by SNS, where `claim` still holds them.
 pub async fn mark_published(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     events: &[(Uuid, Uuid)],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
@@ -170,7 +174,7 @@ pub async fn mark_published(
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
     let done = sqlx::query(MARK_PUBLISHED)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -183,13 +187,14 @@ pub async fn mark_published(
 /// holds them.
 pub async fn put_back(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     events: &[(Uuid, Uuid)],
     claim: Uuid,
     retry_ms: i64,
 ) -> sqlx::Result<u64> {
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
     let done = sqlx::query(PUT_BACK)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -217,6 +222,7 @@ pub struct Failure {
 /// `claim` still holds them.
 pub async fn mark_failed(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     failures: &[Failure],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
@@ -233,7 +239,7 @@ pub async fn mark_failed(
         .map(|f| f.error.chars().take(2000).collect())
         .collect();
     let done = sqlx::query(MARK_FAILED)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(tenants)
         .bind(ids)
         .bind(attempts)
@@ -255,9 +261,9 @@ pub struct Stats {
     pub dead: i64,
 }
 
-pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
+pub async fn stats(db: impl PgExecutor<'_>, statements: Statements) -> sqlx::Result<Stats> {
     let (pending, oldest, dead): (i64, Option<f64>, i64) = sqlx::query_as(STATS)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .fetch_one(db)
         .await?;
     Ok(Stats {
@@ -268,9 +274,13 @@ pub async fn stats(db: impl PgExecutor<'_>) -> sqlx::Result<Stats> {
 }
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).
-pub async fn redrive_one(db: impl PgExecutor<'_>, event_id: Uuid) -> sqlx::Result<u64> {
+pub async fn redrive_one(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+    event_id: Uuid,
+) -> sqlx::Result<u64> {
     let done = sqlx::query(REDRIVE_ONE)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(event_id)
         .execute(db)
         .await?;
@@ -278,9 +288,12 @@ pub async fn redrive_one(db: impl PgExecutor<'_>, event_id: Uuid) -> sqlx::Resul
 }
 
 /// Puts every DEAD event back in line; returns how many.
-pub async fn redrive_all_dead(db: impl PgExecutor<'_>) -> sqlx::Result<u64> {
+pub async fn redrive_all_dead(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+) -> sqlx::Result<u64> {
     let done = sqlx::query(REDRIVE_ALL)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .execute(db)
         .await?;
     Ok(done.rows_affected())
@@ -289,11 +302,12 @@ pub async fn redrive_all_dead(db: impl PgExecutor<'_>) -> sqlx::Result<u64> {
 /// Deletes up to `batch` events published more than `retention_secs` ago.
 pub async fn purge_published(
     db: impl PgExecutor<'_>,
+    statements: Statements,
     retention_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(PURGE_PUBLISHED)
-        .persistent(crate::db::named_statements())
+        .persistent(statements.named())
         .bind(retention_secs)
         .bind(batch)
         .execute(db)

@@ -1,32 +1,84 @@
-//! Appends an event to `outbox_event` through the caller's transaction.
+//! The one writer of `outbox_event`: appends an event through the caller's
+//! transaction, or lends its `INSERT` to a statement that writes the change and its
+//! event at once (a create).
 //!
-//! Must only ever be called with the transaction that made the change: that is the
+//! Must only ever be used with the transaction that made the change: that is the
 //! whole guarantee (the change and its event commit together, or neither does).
 
-use sqlx::PgConnection;
+use std::sync::LazyLock;
+
+use sqlx::{PgConnection, Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::event::NewEvent;
 
-/// One event, in the caller's transaction. `orders::store::CREATE` folds the same
-/// columns into a create's one statement; keep the two alike.
-pub const APPEND: &str = "INSERT INTO outbox_event
+use crate::db::Statements;
+
+/// One event row, as a part of a statement: its `INSERT` numbers its own parameters
+/// from wherever the composing statement puts it, and [`EventRow::bind`] binds them in
+/// that order.
+#[derive(Debug, Clone, Copy)]
+pub struct EventRow<'a> {
+    pub event: &'a NewEvent,
+    pub event_id: Uuid,
+}
+
+impl<'a> EventRow<'a> {
+    /// How many parameters [`EventRow::insert_sql`] uses.
+    pub const PARAMS: usize = 7;
+
+    /// The row of `event`, with a fresh `event_id`.
+    pub fn new(event: &'a NewEvent) -> Self {
+        Self {
+            event,
+            event_id: Uuid::now_v7(),
+        }
+    }
+
+    /// The `INSERT`, its parameters numbered from `$first`. With `only_if`, the row is
+    /// inserted once for each row of that CTE (one, or none when the change it
+    /// belongs to was not made); without, it is inserted as it is.
+    pub fn insert_sql(first: usize, only_if: Option<&str>) -> String {
+        let values = (first..first + Self::PARAMS)
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let source = match only_if {
+            Some(cte) => format!("SELECT {values}, clock_timestamp() FROM {cte}"),
+            None => format!("VALUES ({values}, clock_timestamp())"),
+        };
+        format!(
+            "INSERT INTO outbox_event
        (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())";
+     {source}"
+        )
+    }
+
+    /// Binds the parameters of [`EventRow::insert_sql`], after those bound before.
+    pub fn bind(self, query: Query<'a, Postgres, PgArguments>) -> Query<'a, Postgres, PgArguments> {
+        query
+            .bind(self.event.tenant.0)
+            .bind(self.event_id)
+            .bind(self.event.aggregate_id)
+            .bind(self.event.aggregate_seq)
+            .bind(self.event.event_type.as_str())
+            .bind(self.event.body(self.event_id))
+            .bind(self.event.occurred_at)
+    }
+}
+
+/// One event alone, in the caller's transaction.
+pub static APPEND: LazyLock<String> = LazyLock::new(|| EventRow::insert_sql(1, None));
 
 /// Writes one event; returns its `event_id`.
-pub async fn append(tx: &mut PgConnection, event: &NewEvent) -> sqlx::Result<Uuid> {
-    let event_id = Uuid::now_v7();
-    sqlx::query(APPEND)
-        .persistent(crate::db::named_statements())
-        .bind(event.tenant.0)
-        .bind(event_id)
-        .bind(event.aggregate_id)
-        .bind(event.aggregate_seq)
-        .bind(event.event_type.as_str())
-        .bind(event.body(event_id))
-        .bind(event.occurred_at)
+pub async fn append(
+    tx: &mut PgConnection,
+    statements: Statements,
+    event: &NewEvent,
+) -> sqlx::Result<Uuid> {
+    let row = EventRow::new(event);
+    row.bind(sqlx::query(APPEND.as_str()).persistent(statements.named()))
         .execute(&mut *tx)
         .await?;
-    Ok(event_id)
+    Ok(row.event_id)
 }

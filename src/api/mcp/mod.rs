@@ -7,6 +7,8 @@
 //! (DNS-rebinding protection), and the bearer token must verify, else 401 with a
 //! challenge naming the protected-resource metadata (RFC 9728) so that MCP clients can
 //! find where tokens come from. Scopes and the tenant's limits apply per tool call.
+//! The tools themselves ([`tools`]) are thin: they parse their arguments and call the
+//! application layer, as the REST handlers do.
 
 mod tools;
 
@@ -25,19 +27,16 @@ use rmcp::transport::streamable_http_server::{
 use serde_json::json;
 use tower_service::Service;
 
-pub use self::tools::OrderTools;
+pub use self::tools::{OrderTools, tools};
 use super::{
-    AppState, Shared,
+    Shared,
+    auth::{authenticate, bearer_token},
     problem::{Kind, Problem},
 };
-use crate::auth::{AuthError, Principal, SCOPE_READ, SCOPE_WRITE};
-
-/// The verified caller of an MCP request, handed to the tools in the request's
-/// extensions.
-#[derive(Clone)]
-pub struct Caller {
-    pub principal: Arc<Principal>,
-}
+use crate::{
+    auth::{AuthError, SCOPE_READ, SCOPE_WRITE},
+    service,
+};
 
 /// Where the protected-resource metadata is served.
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -45,19 +44,14 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 /// The `/mcp` endpoint.
 pub struct Mcp {
     service: StreamableHttpService<OrderTools, NeverSessionManager>,
-    shared: SharedAuth,
+    verifier: Arc<crate::auth::Verifier>,
     allowed_origins: Arc<Vec<String>>,
 }
 
-#[derive(Clone)]
-struct SharedAuth {
-    verifier: Arc<crate::auth::Verifier>,
-}
-
 impl Mcp {
-    pub fn new(state: AppState, shared: &Shared, allowed_origins: Vec<String>) -> Self {
+    pub fn new(service: service::Service, shared: &Shared, allowed_origins: Vec<String>) -> Self {
         let tools = OrderTools {
-            state,
+            service,
             limiter: shared.limiter.clone(),
         };
         // Stateless, JSON answers; the Host header is not checked here because orderd
@@ -72,9 +66,7 @@ impl Mcp {
                 Arc::new(NeverSessionManager::default()),
                 config,
             ),
-            shared: SharedAuth {
-                verifier: shared.verifier.clone(),
-            },
+            verifier: shared.verifier.clone(),
             allowed_origins: Arc::new(allowed_origins),
         }
     }
@@ -88,21 +80,14 @@ impl Mcp {
                 )));
             }
         }
-        let token = req
+        let header = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(AuthError::InvalidToken("a bearer token is required"))
-            .map_err(|e| challenge(&req, e))?;
-        let principal = self
-            .shared
-            .verifier
-            .verify(token)
+            .and_then(|v| v.to_str().ok());
+        let token = bearer_token(header).map_err(|e| challenge(&req, e))?;
+        let caller = authenticate(&self.verifier, token)
             .await
             .map_err(|e| challenge(&req, e))?;
-        crate::telemetry::note_caller(principal.tenant, &principal.subject);
 
         let (parts, body) = req.into_parts();
         let bytes = body
@@ -116,7 +101,7 @@ impl Mcp {
             .body(Full::new(bytes))
             .map_err(|e| Problem::internal(anyhow::anyhow!(e)))?;
         *http_req.headers_mut() = parts.headers;
-        http_req.extensions_mut().insert(Caller { principal });
+        http_req.extensions_mut().insert(caller);
         let mut service = self.service.clone();
         let Ok(answer) = service.call(http_req).await;
         let (head, body) = answer.into_parts();

@@ -1,48 +1,86 @@
 //! The tools an AI agent calls for a tenant: `create_order`, `cancel_order`,
 //! `get_order`, `list_orders`.
 //!
-//! Each tool calls the very operation of its REST twin (`api::orders`), with its
-//! `requestId` as the `Idempotency-Key` of that endpoint, so a tool call and a REST call
-//! with the same key and request are one operation: one order, one event, the second
-//! one replays. Refusals are tool results with `isError: true` whose text is the same
-//! problem object REST answers, so the model can read it and act on it.
+//! One table ([`Tool`]) names each tool with its scope-carrying route and its schemas;
+//! a call parses the tool's arguments and calls the same application operation as the
+//! tool's REST twin, with `requestId` as the `Idempotency-Key` of that endpoint, so a
+//! tool call and a REST call with the same key and request are one operation: one
+//! order, one event, the second one replays. Refusals are tool results with
+//! `isError: true` whose text is the same problem object REST answers, so the model can
+//! read it and act on it.
 
 use std::sync::Arc;
 
-use poem_openapi::types::ToJSON;
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
         InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-        Tool,
     },
     service::RequestContext,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use super::Caller;
 use crate::{
     api::{
-        AppState,
-        body::parse_fields,
+        body::create_order_schema,
         limits::TenantLimiter,
-        orders::{self, OrderView},
-        problem::{FieldError, Kind, Problem},
+        problem::{Kind, Problem},
+        routes::Route,
     },
-    auth::{SCOPE_READ, SCOPE_WRITE},
-    idempotency::{Answer, IdempotencyKey},
-    metrics::Route,
+    idempotency::IdempotencyKey,
+    orders::NewOrder,
+    service::{Caller, LIMIT_DEFAULT, LIMIT_MAX, Reply, Service},
 };
 
 /// The pattern of `requestId`: an Idempotency-Key without the quoted form.
 const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9_-]{16,128}$";
 
+/// The tools, each with the route of its REST twin (what it counts against in the
+/// tenant's limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tool {
+    CreateOrder,
+    CancelOrder,
+    GetOrder,
+    ListOrders,
+}
+
+impl Tool {
+    pub const ALL: [Tool; 4] = [
+        Tool::CreateOrder,
+        Tool::CancelOrder,
+        Tool::GetOrder,
+        Tool::ListOrders,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::CreateOrder => "create_order",
+            Tool::CancelOrder => "cancel_order",
+            Tool::GetOrder => "get_order",
+            Tool::ListOrders => "list_orders",
+        }
+    }
+
+    fn named(name: &str) -> Option<Tool> {
+        Tool::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    fn route(self) -> Route {
+        match self {
+            Tool::CreateOrder | Tool::ListOrders => Route::Orders,
+            Tool::CancelOrder => Route::CancelOrder,
+            Tool::GetOrder => Route::Order,
+        }
+    }
+}
+
 /// The MCP server: one per request (stateless), sharing the process's state.
 #[derive(Clone)]
 pub struct OrderTools {
-    pub state: AppState,
+    pub service: Service,
     pub limiter: Arc<TenantLimiter>,
 }
 
@@ -80,219 +118,158 @@ impl ServerHandler for OrderTools {
             .and_then(|parts| parts.extensions.get::<Caller>().cloned())
             .ok_or_else(|| ErrorData::internal_error("the request carries no caller", None))?;
         let args = request.arguments.unwrap_or_default();
-        let tool = request.name.to_string();
-        let outcome = self.call(&caller, &tool, args).await;
+        let name = request.name.to_string();
+        let outcome = self.call(&caller, &name, args).await;
         let status = match &outcome {
-            Ok(answer) => answer.status,
+            Ok(reply) => reply.status,
             Err(problem) => problem.kind.status().as_u16(),
         };
         tracing::info!(
             transport = "mcp",
-            tool = %tool,
-            tenant = %caller.principal.tenant,
-            sub = %caller.principal.subject,
+            tool = %name,
+            tenant = %caller.tenant(),
+            sub = %caller.subject(),
             status,
             "tool call"
         );
         Ok(match outcome {
-            Ok(answer) => answer.result,
+            Ok(reply) => rendered(Tool::named(&name), &reply),
             Err(problem) => refusal(&problem),
         }
         .into())
     }
 }
 
-/// A tool's answer: the result and the status its REST twin would have answered.
-struct ToolAnswer {
-    result: CallToolResult,
-    status: u16,
-}
-
 impl OrderTools {
-    async fn call(
-        &self,
-        caller: &Caller,
-        tool: &str,
-        args: JsonObject,
-    ) -> Result<ToolAnswer, Problem> {
-        let (scope, route) = match tool {
-            "create_order" => (SCOPE_WRITE, Route::Orders),
-            "cancel_order" => (SCOPE_WRITE, Route::CancelOrder),
-            "get_order" => (SCOPE_READ, Route::Order),
-            "list_orders" => (SCOPE_READ, Route::Orders),
-            other => {
-                return Err(
-                    Problem::new(Kind::NotFound).with_detail(format!("there is no tool `{other}`"))
-                );
-            }
-        };
+    /// Parses the tool's arguments and calls its operation.
+    async fn call(&self, caller: &Caller, name: &str, args: JsonObject) -> Result<Reply, Problem> {
+        let tool = Tool::named(name).ok_or_else(|| {
+            Problem::new(Kind::NotFound).with_detail(format!("there is no tool `{name}`"))
+        })?;
         // Only tool calls count against the tenant's limits (not initialize or the
         // listing of tools), and they count like the REST call they stand for.
-        let _admission = self.limiter.admit(caller.principal.tenant, route).await?;
-        caller.principal.require(scope)?;
-        let tenant = caller.principal.tenant;
+        let _admission = self.limiter.admit(caller.tenant(), tool.route()).await?;
+        let mut fields = args;
         match tool {
-            "create_order" => {
-                let (key, fields) = request_id(args)?;
-                let new = parse_fields(&fields)?;
-                stored(orders::create(&self.state, tenant, key, new).await?)
+            Tool::CreateOrder => {
+                let key = request_id(&mut fields)?;
+                let new = NewOrder::parse(&fields)?;
+                self.service.create(caller, key, new).await
             }
-            "cancel_order" => {
-                let (key, mut fields) = request_id(args)?;
+            Tool::CancelOrder => {
+                let key = request_id(&mut fields)?;
                 let id = order_id(&mut fields)?;
                 refuse_unknown(&fields)?;
-                stored(orders::cancel(&self.state, tenant, key, id).await?)
+                self.service.cancel(caller, key, id).await
             }
-            "get_order" => {
-                let mut fields = args;
+            Tool::GetOrder => {
                 let id = order_id(&mut fields)?;
                 refuse_unknown(&fields)?;
-                let found = self
-                    .state
-                    .db
-                    .run(async |c| crate::orders::store::get(c, tenant, id).await)
-                    .await?;
-                match found {
-                    Some(order) => Ok(success(order_json(&order.into()), "The order.".into())),
-                    None => Err(Problem::new(Kind::NotFound)
-                        .with_detail(format!("order {id} does not exist"))),
-                }
+                self.service.get(caller, id).await
             }
-            _ => {
-                let mut fields = args;
+            Tool::ListOrders => {
                 let limit = match fields.remove("limit") {
-                    None | Some(Value::Null) => 20,
-                    Some(Value::Number(n))
-                        if n.as_i64().is_some_and(|l| (1..=100).contains(&l)) =>
-                    {
-                        n.as_i64().unwrap_or(20)
+                    None | Some(Value::Null) => LIMIT_DEFAULT,
+                    Some(Value::Number(n)) if n.as_i64().is_some() => {
+                        n.as_i64().unwrap_or(LIMIT_DEFAULT)
                     }
                     Some(_) => {
-                        return Err(invalid("limit", "must be a whole number from 1 to 100"));
+                        return Err(Problem::invalid_field(
+                            "limit",
+                            &format!("must be a whole number from 1 to {LIMIT_MAX}"),
+                        ));
                     }
                 };
                 let after = match fields.remove("after") {
                     None | Some(Value::Null) => None,
                     Some(Value::String(after)) => Some(after),
-                    Some(_) => return Err(invalid("after", "must be a string (a `next` cursor)")),
+                    Some(_) => {
+                        return Err(Problem::invalid_field(
+                            "after",
+                            "must be a string (a `next` cursor)",
+                        ));
+                    }
                 };
                 refuse_unknown(&fields)?;
-                let page = orders::list(&self.state, tenant, limit, after.as_deref()).await?;
-                let count = page.items.len();
-                let value = json!({
-                    "items": page.items.iter().map(order_json).collect::<Vec<_>>(),
-                    "next": page.next,
-                });
-                Ok(success(value, format!("{count} orders, newest first.")))
+                self.service.list(caller, limit, after.as_deref()).await
             }
         }
     }
 }
 
-/// The stored REST answer as a tool result: a 2xx is the order as structured content,
-/// anything else (a stored 404) the problem it carries.
-fn stored(answer: Answer) -> Result<ToolAnswer, Problem> {
-    let response = &answer.response;
-    let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-    if !(200..300).contains(&response.status) {
+/// A reply as a tool result: a 2xx is its JSON as structured content with a line of
+/// text saying what happened; a stored refusal (a cancel's 404) is an error result
+/// carrying the problem the body holds.
+fn rendered(tool: Option<Tool>, reply: &Reply) -> CallToolResult {
+    if !reply.is_success() {
         let mut result = CallToolResult::error(vec![ContentBlock::text(
-            String::from_utf8_lossy(&response.body).to_string(),
+            String::from_utf8_lossy(&reply.body).to_string(),
         )]);
         result.is_error = Some(true);
-        return Ok(ToolAnswer {
-            result,
-            status: response.status,
-        });
+        return result;
     }
-    let id = body["id"].as_str().unwrap_or_default().to_string();
-    let status = body["status"].as_str().unwrap_or_default().to_string();
-    let text = if answer.replayed {
-        format!(
+    let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    let id = body["id"].as_str().unwrap_or_default();
+    let status = body["status"].as_str().unwrap_or_default();
+    let text = match tool {
+        Some(Tool::ListOrders) => format!(
+            "{} orders, newest first.",
+            body["items"].as_array().map_or(0, Vec::len)
+        ),
+        Some(Tool::GetOrder) | None => "The order.".to_string(),
+        Some(Tool::CreateOrder | Tool::CancelOrder) if reply.replayed => format!(
             "Replayed: this requestId was already used for this request, so nothing new \
              happened. Order {id} is {status}."
-        )
-    } else {
-        format!("Done: order {id} is {status}.")
+        ),
+        Some(Tool::CreateOrder | Tool::CancelOrder) => format!("Done: order {id} is {status}."),
     };
-    let mut result = success(body, text);
-    result.status = response.status;
-    Ok(result)
-}
-
-/// The order as the REST API renders it.
-fn order_json(view: &OrderView) -> Value {
-    view.to_json().unwrap_or_default()
-}
-
-fn success(structured: Value, text: String) -> ToolAnswer {
-    let mut result = CallToolResult::structured(structured);
+    let mut result = CallToolResult::structured(body);
     result.content = vec![ContentBlock::text(text)];
-    ToolAnswer {
-        result,
-        status: 200,
-    }
+    result
 }
 
 /// A refusal the model can read: the problem object REST would answer, as JSON text;
 /// a 409 also says, in `retry_after`, how many seconds to wait.
 fn refusal(problem: &Problem) -> CallToolResult {
     let mut details = serde_json::to_value(problem.details()).unwrap_or_default();
-    if let Some((_, value)) = problem
-        .headers
-        .iter()
-        .find(|(name, _)| name == http::header::RETRY_AFTER)
-        && let Some(secs) = value.to_str().ok().and_then(|v| v.parse::<u64>().ok())
-    {
+    if let Some(secs) = problem.retry_after() {
         details["retry_after"] = json!(secs);
     }
     CallToolResult::error(vec![ContentBlock::text(details.to_string())])
 }
 
 /// Takes `requestId` out of the arguments as the operation's Idempotency-Key.
-fn request_id(mut args: JsonObject) -> Result<(IdempotencyKey, Map<String, Value>), Problem> {
-    let key = match args.remove("requestId") {
-        None | Some(Value::Null) => return Err(invalid("requestId", "is required")),
-        Some(Value::String(id)) if !id.starts_with('"') => IdempotencyKey::parse(Some(&id))
-            .map_err(|_| {
-                invalid(
-                    "requestId",
-                    "must be 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
-                )
-            })?,
-        Some(_) => {
-            return Err(invalid(
-                "requestId",
-                "must be 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
-            ));
-        }
+fn request_id(args: &mut JsonObject) -> Result<IdempotencyKey, Problem> {
+    let invalid = || {
+        Problem::invalid_field(
+            "requestId",
+            "must be 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
+        )
     };
-    Ok((key, args))
+    match args.remove("requestId") {
+        None | Some(Value::Null) => Err(Problem::invalid_field("requestId", "is required")),
+        Some(Value::String(id)) if !id.starts_with('"') => {
+            IdempotencyKey::parse(Some(&id)).map_err(|_| invalid())
+        }
+        Some(_) => Err(invalid()),
+    }
 }
 
 fn order_id(fields: &mut Map<String, Value>) -> Result<Uuid, Problem> {
     match fields.remove("order_id") {
-        None | Some(Value::Null) => Err(invalid("order_id", "is required")),
+        None | Some(Value::Null) => Err(Problem::invalid_field("order_id", "is required")),
         Some(Value::String(id)) => {
-            Uuid::try_parse(&id).map_err(|_| invalid("order_id", "must be a UUID"))
+            Uuid::try_parse(&id).map_err(|_| Problem::invalid_field("order_id", "must be a UUID"))
         }
-        Some(_) => Err(invalid("order_id", "must be a UUID")),
+        Some(_) => Err(Problem::invalid_field("order_id", "must be a UUID")),
     }
 }
 
 fn refuse_unknown(fields: &Map<String, Value>) -> Result<(), Problem> {
     match fields.keys().next() {
-        Some(name) => Err(invalid(name, "is not a known field")),
+        Some(name) => Err(Problem::invalid_field(name, "is not a known field")),
         None => Ok(()),
     }
-}
-
-fn invalid(field: &str, message: &str) -> Problem {
-    Problem::new(Kind::ValidationError)
-        .with_detail(format!("`{field}` {message}"))
-        .with_errors(vec![FieldError {
-            field: field.into(),
-            message: message.into(),
-        }])
 }
 
 fn object(value: Value) -> Arc<JsonObject> {
@@ -300,6 +277,39 @@ fn object(value: Value) -> Arc<JsonObject> {
         Value::Object(map) => Arc::new(map),
         _ => Arc::new(JsonObject::new()),
     }
+}
+
+/// An OpenAPI 3.0 schema as the JSON Schema MCP speaks: `nullable` becomes a `null`
+/// among the types, and the spec's own `title` goes.
+fn json_schema(mut schema: Value) -> Value {
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("title");
+        if object.remove("nullable") == Some(Value::Bool(true))
+            && let Some(ty) = object.get("type").cloned()
+        {
+            object.insert("type".into(), json!([ty, "null"]));
+        }
+        if let Some(Value::Object(properties)) = object.get_mut("properties") {
+            for property in properties.values_mut() {
+                *property = json_schema(property.take());
+            }
+        }
+    }
+    schema
+}
+
+/// The create tool's input: the REST body's schema (from the create rules), closed to
+/// other members, plus `requestId`.
+pub fn create_input_schema() -> Value {
+    let mut schema = json_schema(
+        serde_json::to_value(create_order_schema()).expect("a schema always serialises"),
+    );
+    schema["additionalProperties"] = Value::Bool(false);
+    schema["properties"]["requestId"] = request_id_schema();
+    if let Some(required) = schema["required"].as_array_mut() {
+        required.insert(0, json!("requestId"));
+    }
+    schema
 }
 
 /// The order's JSON Schema, as tools answer it.
@@ -330,89 +340,83 @@ fn request_id_schema() -> Value {
 }
 
 /// The four tools with their input and output schemas.
-pub fn tools() -> Vec<Tool> {
-    let create = Tool::new(
-        "create_order",
-        "Create an order for the tenant: one order per requestId, however often the call is \
-         repeated. Answers the order; on a repeat, the same order again, marked as a replay.",
-        object(json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["requestId", "sku", "quantity"],
-            "properties": {
-                "requestId": request_id_schema(),
-                "sku": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$",
-                        "description": "Stock keeping unit: 1 to 64 of A-Z a-z 0-9 . _ -"},
-                "quantity": {"type": "integer", "minimum": 1, "maximum": 10000},
-                "customer_ref": {"type": ["string", "null"], "maxLength": 128,
-                                 "description": "The tenant's own reference for the order, optional."}
-            }
-        })),
-    )
-    .with_raw_output_schema(object(order_schema()));
-    let cancel = Tool::new(
-        "cancel_order",
-        "Cancel an order of the tenant. Cancelling a cancelled order returns it unchanged. \
-         One cancel per requestId, however often the call is repeated.",
-        object(json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["requestId", "order_id"],
-            "properties": {
-                "requestId": request_id_schema(),
-                "order_id": {"type": "string", "format": "uuid", "description": "The order's id."}
-            }
-        })),
-    )
-    .with_raw_output_schema(object(order_schema()));
-    let get = Tool::new(
-        "get_order",
-        "Read one order of the tenant by its id. Changes nothing.",
-        object(json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["order_id"],
-            "properties": {"order_id": {"type": "string", "format": "uuid"}}
-        })),
-    )
-    .with_raw_output_schema(object(order_schema()));
-    let list = Tool::new(
-        "list_orders",
-        "List the tenant's orders, newest first, one page at a time. Pass `next` of a page \
-         as `after` to get the following page. Changes nothing.",
-        object(json!({
-            "type": "object",
-            "additionalProperties": false,
-            "properties": {
-                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-                "after": {"type": "string", "description": "The `next` cursor of the previous page."}
-            }
-        })),
-    )
-    .with_raw_output_schema(object(json!({
-        "type": "object",
-        "required": ["items", "next"],
-        "properties": {
-            "items": {"type": "array", "items": order_schema()},
-            "next": {"type": ["string", "null"]}
-        }
-    })));
-    vec![create, cancel, get, list]
-}
-
-#[cfg(test)]
-fn names() -> Vec<String> {
-    tools().into_iter().map(|t| t.name.to_string()).collect()
+pub fn tools() -> Vec<rmcp::model::Tool> {
+    let describe = |tool: Tool, description: &'static str, input: Value, output: Value| {
+        rmcp::model::Tool::new(tool.name(), description, object(input))
+            .with_raw_output_schema(object(output))
+    };
+    Tool::ALL
+        .into_iter()
+        .map(|tool| match tool {
+            Tool::CreateOrder => describe(
+                tool,
+                "Create an order for the tenant: one order per requestId, however often the \
+                 call is repeated. Answers the order; on a repeat, the same order again, marked \
+                 as a replay.",
+                create_input_schema(),
+                order_schema(),
+            ),
+            Tool::CancelOrder => describe(
+                tool,
+                "Cancel an order of the tenant. Cancelling a cancelled order returns it \
+                 unchanged. One cancel per requestId, however often the call is repeated.",
+                json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["requestId", "order_id"],
+                    "properties": {
+                        "requestId": request_id_schema(),
+                        "order_id": {"type": "string", "format": "uuid", "description": "The order's id."}
+                    }
+                }),
+                order_schema(),
+            ),
+            Tool::GetOrder => describe(
+                tool,
+                "Read one order of the tenant by its id. Changes nothing.",
+                json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["order_id"],
+                    "properties": {"order_id": {"type": "string", "format": "uuid"}}
+                }),
+                order_schema(),
+            ),
+            Tool::ListOrders => describe(
+                tool,
+                "List the tenant's orders, newest first, one page at a time. Pass `next` of a \
+                 page as `after` to get the following page. Changes nothing.",
+                json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "limit": {"type": "integer", "minimum": 1, "maximum": LIMIT_MAX, "default": LIMIT_DEFAULT},
+                        "after": {"type": "string", "description": "The `next` cursor of the previous page."}
+                    }
+                }),
+                json!({
+                    "type": "object",
+                    "required": ["items", "next"],
+                    "properties": {
+                        "items": {"type": "array", "items": order_schema()},
+                        "next": {"type": ["string", "null"]}
+                    }
+                }),
+            ),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::orders::rules::{CUSTOMER_REF_MAX, QUANTITY_MAX, SKU_MAX};
 
     #[test]
     fn mutating_tools_require_a_request_id_with_the_key_pattern() {
+        let names: Vec<String> = tools().into_iter().map(|t| t.name.to_string()).collect();
         assert_eq!(
-            names(),
+            names,
             ["create_order", "cancel_order", "get_order", "list_orders"]
         );
         for tool in tools().iter().take(2) {
@@ -430,6 +434,20 @@ mod tests {
             assert_eq!(schema["additionalProperties"], false);
             assert!(tool.output_schema.is_some());
         }
+    }
+
+    #[test]
+    fn the_create_tool_states_the_create_rules_bounds() {
+        let schema = create_input_schema();
+        let properties = &schema["properties"];
+        assert_eq!(properties["sku"]["maxLength"], SKU_MAX);
+        assert_eq!(properties["quantity"]["maximum"], QUANTITY_MAX as f64);
+        assert_eq!(properties["customer_ref"]["maxLength"], CUSTOMER_REF_MAX);
+        assert_eq!(
+            properties["customer_ref"]["type"],
+            json!(["string", "null"])
+        );
+        assert_eq!(schema["required"], json!(["requestId", "sku", "quantity"]));
     }
 
     #[test]

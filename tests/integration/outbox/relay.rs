@@ -138,11 +138,12 @@ async fn on_a_fifo_topic_messages_carry_group_and_deduplication_ids() {
 async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one() {
     let db = TestDb::new().await;
     let tenant = orderd::tenant::TenantId(Uuid::new_v4());
-    let new = orderd::orders::NewOrder {
-        sku: "ATOM-1".into(),
-        quantity: 1,
-        customer_ref: None,
-    };
+    let new = orderd::orders::NewOrder::parse(
+        serde_json::json!({"sku": "ATOM-1", "quantity": 1})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
 
     let mut tx = db.pool.begin().await.unwrap();
     create_order_in(&mut tx, tenant, &new).await;
@@ -157,7 +158,7 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     for _ in 0..10 {
         let mut tx = db.pool.begin().await.unwrap();
         let order = create_order_in(&mut tx, tenant, &new).await;
-        orderd::orders::store::cancel(&mut tx, tenant, order.id)
+        orderd::orders::store::cancel(&mut tx, orderd::db::Statements::NAMED, tenant, order.id)
             .await
             .unwrap();
         tx.commit().await.unwrap();
@@ -175,7 +176,7 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
 /// The sum of `outbox_publish_failures_total` over `reasons`, from this test binary's
 /// recorder (shared by the in-process apps, so tests compare before and after).
 fn failures(reasons: &[&str]) -> f64 {
-    let text = orderd::metrics::install().render();
+    let text = orderd::metrics::install(&orderd::api::known_labels()).render();
     reasons
         .iter()
         .filter_map(|reason| {
@@ -327,7 +328,7 @@ impl Publisher for RefusingEntries {
             if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
                 let refusal = orderd::outbox::publisher::PublishError {
                     retry: orderd::outbox::publisher::Retry::Transient,
-                    reason: orderd::metrics::FailureReason::Server,
+                    reason: orderd::outbox::FailureReason::Server,
                     detail: "InternalError: entry refused".into(),
                 };
                 return vec![Outcome::Rejected(refusal); messages.len()];
@@ -669,11 +670,12 @@ async fn a_transaction_that_commits_late_is_not_skipped() {
     let app = spawn_publishing_app(&moto_endpoint(), &topic.arn, &[]).await;
     let tenant = Uuid::new_v4();
     let mut late = app.db.pool.begin().await.unwrap();
-    let new = orderd::orders::NewOrder {
-        sku: "LATE-1".into(),
-        quantity: 1,
-        customer_ref: None,
-    };
+    let new = orderd::orders::NewOrder::parse(
+        serde_json::json!({"sku": "LATE-1", "quantity": 1})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
     let late_order = create_order_in(&mut late, orderd::tenant::TenantId(tenant), &new).await;
 
     // A newer write commits and is published first.
@@ -832,11 +834,12 @@ async fn the_relay_publishes_while_stalled_requests_hold_every_api_connection() 
         app.db.until_count(&waiting, 2).await;
         // Another writer (another orderd, say) commits an order and its event.
         let mut other = app.db.pool.begin().await.unwrap();
-        let new = orderd::orders::NewOrder {
-            sku: "OTHER-1".into(),
-            quantity: 1,
-            customer_ref: None,
-        };
+        let new = orderd::orders::NewOrder::parse(
+            serde_json::json!({"sku": "OTHER-1", "quantity": 1})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
         let other_order = create_order_in(&mut other, orderd::tenant::TenantId(tenant), &new).await;
         other.commit().await.unwrap();
         let published = topic.collect(1).await;

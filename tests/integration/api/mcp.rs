@@ -147,6 +147,144 @@ async fn a_rest_call_and_a_tool_call_with_one_key_are_one_operation() {
     assert_eq!(app.count("orders").await, 1);
 }
 
+/// The stored records of one tenant, as `(endpoint, status, body)`.
+async fn stored_records(app: &TestApp, tenant: Uuid) -> Vec<(String, i16, Vec<u8>)> {
+    sqlx::query_as(
+        "SELECT endpoint, response_status, response_body FROM idempotency_record
+         WHERE tenant_id = $1 ORDER BY created_at",
+    )
+    .bind(tenant)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_operation_answers_the_same_over_rest_and_over_mcp() {
+    let app = spawn_app().await;
+    let tenant = Uuid::new_v4();
+    let token = app.token(tenant);
+    let client = connect(&app, &token).await;
+
+    // Create: REST first, then the tool with the same key, the same request.
+    let create_key = new_key();
+    let rest_created = app
+        .create(&token, &create_key, &order_body("SAME-1", 2))
+        .await;
+    assert_eq!(rest_created.status, 201);
+    let tool_created = call(
+        &client,
+        "create_order",
+        json!({"requestId": create_key, "sku": "SAME-1", "quantity": 2}),
+    )
+    .await;
+    assert_eq!(structured(&tool_created), rest_created.json());
+    let id = rest_created.json()["id"].as_str().unwrap().to_string();
+
+    // Cancel: the tool first this time, then REST replays it.
+    let cancel_key = new_key();
+    let tool_cancelled = call(
+        &client,
+        "cancel_order",
+        json!({"requestId": cancel_key, "order_id": id}),
+    )
+    .await;
+    let rest_cancelled = app.cancel(&token, &cancel_key, &id).await;
+    assert_eq!(rest_cancelled.status, 200);
+    assert_eq!(
+        rest_cancelled.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(structured(&tool_cancelled), rest_cancelled.json());
+    assert_eq!(rest_cancelled.json()["status"], "CANCELLED");
+
+    // Get and list: the same bytes' JSON through either transport.
+    let rest_got = app.get(&token, &format!("/v1/orders/{id}")).await;
+    let tool_got = call(&client, "get_order", json!({"order_id": id})).await;
+    assert_eq!(structured(&tool_got), rest_got.json());
+    assert_eq!(rest_got.json(), rest_cancelled.json());
+    let rest_listed = app.get(&token, "/v1/orders?limit=5").await;
+    let tool_listed = call(&client, "list_orders", json!({"limit": 5})).await;
+    assert_eq!(structured(&tool_listed), rest_listed.json());
+    assert_eq!(rest_listed.json()["items"][0], rest_got.json());
+
+    // One order, one stored record per operation (holding the bytes REST answered),
+    // one event per change.
+    assert_eq!(app.count("orders").await, 1);
+    let records = stored_records(&app, tenant).await;
+    assert_eq!(
+        records,
+        [
+            (
+                "POST /v1/orders".to_string(),
+                201,
+                rest_created.body.clone()
+            ),
+            (
+                "POST /v1/orders/{id}/cancel".to_string(),
+                200,
+                rest_cancelled.body.clone()
+            ),
+        ]
+    );
+    assert_eq!(app.event_types().await, ["OrderCreated", "OrderCancelled"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_create_tool_schema_is_the_rest_body_schema_plus_request_id() {
+    let app = spawn_app().await;
+    let client = connect(&app, &app.token(Uuid::new_v4())).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let create = tools.iter().find(|t| t.name == "create_order").unwrap();
+    let tool_schema = Value::Object((*create.input_schema).clone());
+    let spec: Value = app
+        .client
+        .get(format!("{}/openapi.json", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rest_schema = &spec["components"]["schemas"]["CreateOrderRequest"];
+    let rest_properties = rest_schema["properties"].as_object().unwrap();
+    let tool_properties = tool_schema["properties"].as_object().unwrap();
+    let mut tool_names: Vec<&String> = tool_properties.keys().collect();
+    tool_names.retain(|name| *name != "requestId");
+    assert_eq!(tool_names, rest_properties.keys().collect::<Vec<_>>());
+    for (name, rest) in rest_properties {
+        let tool = &tool_properties[name];
+        for rule in [
+            "minLength",
+            "maxLength",
+            "pattern",
+            "minimum",
+            "maximum",
+            "description",
+        ] {
+            assert_eq!(tool.get(rule), rest.get(rule), "`{name}`: {rule}");
+        }
+        let nullable = rest.get("nullable") == Some(&json!(true));
+        let ty = if nullable {
+            json!([rest["type"], "null"])
+        } else {
+            rest["type"].clone()
+        };
+        assert_eq!(tool["type"], ty, "`{name}`: type");
+    }
+    assert_eq!(
+        rest_schema["properties"]["quantity"]["maximum"],
+        json!(orderd::orders::rules::QUANTITY_MAX as f64)
+    );
+    let mut required = rest_schema["required"].as_array().unwrap().clone();
+    required.insert(0, json!("requestId"));
+    assert_eq!(tool_schema["required"], json!(required));
+    assert_eq!(
+        tool_schema["additionalProperties"],
+        rest_schema["additionalProperties"]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_arguments_are_refused_as_tool_results_and_write_nothing() {
     let app = spawn_app().await;
@@ -358,7 +496,7 @@ async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest(
         )
         .unwrap_or(0.0)
     };
-    let before = created(&orderd::metrics::install().render());
+    let before = created(&orderd::metrics::install(&orderd::api::known_labels()).render());
     let token = app.token(Uuid::new_v4());
     // Handshakes and listings are not tool calls: they cost nothing.
     for _ in 0..4 {
@@ -386,5 +524,7 @@ async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest(
     assert_eq!(problem["type"], "/problems/rate-limited");
     assert!(problem["retry_after"].as_u64().is_some_and(|s| s >= 1));
     assert_eq!(app.count("idempotency_record").await, 2);
-    assert!(created(&orderd::metrics::install().render()) >= before + 2.0);
+    assert!(
+        created(&orderd::metrics::install(&orderd::api::known_labels()).render()) >= before + 2.0
+    );
 }

@@ -262,8 +262,8 @@ async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
 async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
     use orderd::{
         idempotency::{Fence, IdempotencyKey, Scope, StoredResponse},
-        metrics::Endpoint,
         orders::{NewOrder, Order, store},
+        service::Endpoint,
         tenant::TenantId,
     };
     let db = TestDb::new().await;
@@ -275,14 +275,15 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
         .await;
     let scope = Scope {
         tenant: TenantId(tenant),
-        endpoint: Endpoint::CreateOrder,
+        endpoint: Endpoint::CreateOrder.as_str(),
         key: IdempotencyKey::parse(Some(&key)).unwrap(),
     };
-    let new = NewOrder {
-        sku: "SKU-1".into(),
-        quantity: 1,
-        customer_ref: None,
-    };
+    let new = NewOrder::parse(
+        serde_json::json!({"sku": "SKU-1", "quantity": 1})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
     let response = StoredResponse {
         status: 201,
         location: None,
@@ -298,9 +299,15 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
     let order = Order::created(&new, fence.at);
     let mut conn = db.pool.acquire().await.unwrap();
 
-    let written = store::create(&mut conn, &fence, &response, &order)
-        .await
-        .unwrap();
+    let written = store::create(
+        &mut conn,
+        orderd::db::Statements::NAMED,
+        &fence,
+        &response,
+        &order,
+    )
+    .await
+    .unwrap();
     assert!(!written, "a stale owner's statement reports the lost fence");
     assert_eq!(
         (db.count("orders").await, db.count("outbox_event").await),
@@ -316,9 +323,15 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
 
     // The current owner's statement writes all three at once.
     fence.owner = current_owner;
-    let written = store::create(&mut conn, &fence, &response, &order)
-        .await
-        .unwrap();
+    let written = store::create(
+        &mut conn,
+        orderd::db::Statements::NAMED,
+        &fence,
+        &response,
+        &order,
+    )
+    .await
+    .unwrap();
     assert!(written);
     assert_eq!(
         (db.count("orders").await, db.count("outbox_event").await),
@@ -386,7 +399,7 @@ async fn an_unexpected_failure_releases_the_key_so_a_retry_succeeds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_past_its_retention_is_a_new_request() {
     // The record is expired by hand below, which a cached copy would not know about:
-    // the cache is off here, and tests/api/replay_cache.rs lets time pass instead.
+    // the cache is off here, and tests/integration/idempotency/replay_cache.rs lets time pass instead.
     let app = spawn_app_with(&[("ORDERD_REPLAY_CACHE_BYTES", "0")]).await;
     let token = app.token(Uuid::new_v4());
     let key = new_key();

@@ -11,7 +11,7 @@ use crate::support::{Reply, new_key, order_body, post_order, sample, spawn_app_w
 
 fn rate_limited_count() -> f64 {
     sample(
-        &orderd::metrics::install().render(),
+        &orderd::metrics::install(&orderd::api::known_labels()).render(),
         r#"rate_limited_requests_total{route="/v1/orders"}"#,
     )
     .unwrap_or(0.0)

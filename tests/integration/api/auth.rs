@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use crate::support::{Reply, SECRET, TestApp, new_key, order_body, spawn_app, spawn_app_with};
 
-const RSA_PRIVATE: &[u8] = include_bytes!("../fixtures/rsa_private.pem");
-const EC_PRIVATE: &[u8] = include_bytes!("../fixtures/ec_private.pem");
+const RSA_PRIVATE: &[u8] = include_bytes!("../../fixtures/rsa_private.pem");
+const EC_PRIVATE: &[u8] = include_bytes!("../../fixtures/ec_private.pem");
 const RSA_PUBLIC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rsa_public.pem");
 const EC_PUBLIC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ec_public.pem");
 

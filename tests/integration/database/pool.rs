@@ -1,6 +1,6 @@
-//! The database handle keeps connections whose last statement completed as spares for
-//! the next caller, out of sqlx's pool and its ping on release, and never at the
-//! expense of a caller waiting inside that pool.
+//! The database handle hands every connection back to sqlx's pool, so a caller waiting
+//! inside the pool is served by the next one handed back, and the configured size is
+//! the number of connections.
 
 use std::time::Duration;
 
@@ -29,24 +29,17 @@ async fn settle() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_handed_back_serves_the_next_caller_without_the_pool() {
+async fn a_connection_handed_back_goes_to_the_pool_and_serves_the_next_caller() {
     let test_db = TestDb::new().await;
-    let db = db_of(&test_db, "4").await;
+    let db = db_of(&test_db, "1").await;
     let mut first = db.conn().await.unwrap();
     let pid = backend(&mut first).await;
     first.done().await.unwrap();
     settle().await;
-    // Not back in the pool (nothing idle there), so it was never pinged on the way.
-    assert_eq!(db.pool().num_idle(), 0, "the connection is kept as a spare");
-
+    assert_eq!(db.pool().num_idle(), 1, "back in the pool");
     let mut next = db.conn().await.unwrap();
-    assert_eq!(
-        backend(&mut next).await,
-        pid,
-        "the spare serves the next caller"
-    );
-    // Dropped without `done` (what an error or a cancelled request does): back through
-    // the pool and its check.
+    assert_eq!(backend(&mut next).await, pid, "the one connection again");
+    // Dropped without `done` (what an error or a cancelled request does): back too.
     drop(next);
     settle().await;
     assert_eq!(db.pool().num_idle(), 1, "returned through the pool");
@@ -58,7 +51,7 @@ async fn a_caller_waiting_inside_the_pool_gets_the_next_connection_handed_back()
     let db = db_of(&test_db, "2").await;
     let first = db.conn().await.unwrap();
     let second = db.conn().await.unwrap();
-    // Every connection is out; this one waits inside the pool, where spares are not.
+    // Every connection is out; this one waits inside the pool.
     let waiting = tokio::spawn({
         let db = db.clone();
         async move { db.begin().await }
@@ -80,9 +73,8 @@ async fn a_caller_waiting_inside_the_pool_gets_the_next_connection_handed_back()
 async fn many_callers_on_a_small_pool_are_all_served() {
     let test_db = TestDb::new().await;
     let db = db_of(&test_db, "2").await;
-    // Sixteen callers on two connections, mixing the spare-first path (`run`, `conn`)
-    // with the pool-only one (`begin`): a spare hidden from a waiter would show up as
-    // the pool's acquire timeout.
+    // Sixteen callers on two connections, mixing `run` and `conn` with `begin`: a
+    // connection lost to a waiter would show up as the pool's acquire timeout.
     let callers = (0..16).map(|i| {
         let db = db.clone();
         tokio::spawn(async move {

@@ -15,9 +15,9 @@ pub const SECRET: &str = "integration-test-secret-0123456789";
 
 /// The fingerprint orderd computes for a create body.
 pub fn create_fingerprint(body: &Value) -> Vec<u8> {
-    let new: orderd::orders::NewOrder =
-        serde_json::from_value(body.clone()).expect("a create body");
-    orderd::api::orders::create_fingerprint(&new)
+    let new = orderd::orders::NewOrder::parse(body.as_object().expect("a create body"))
+        .expect("a valid create body");
+    orderd::service::create_fingerprint(&new)
         .as_bytes()
         .to_vec()
 }
@@ -261,6 +261,16 @@ impl TestApp {
 
     pub async fn count(&self, table: &str) -> i64 {
         self.db.count(table).await
+    }
+
+    /// The types of every event in the outbox, in each order's sequence.
+    pub async fn event_types(&self) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT event_type FROM outbox_event ORDER BY aggregate_id, aggregate_seq",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
     }
 }
 

@@ -4,10 +4,10 @@
 
 use orderd::{
     idempotency::{IdempotencyKey, store as idem},
-    metrics::Endpoint,
     orders::store as orders,
     outbox::store as outbox,
     reconcile,
+    service::Endpoint,
     tenant::TenantId,
 };
 use sqlx::{Postgres, postgres::PgArguments, query::Query};
@@ -99,7 +99,7 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     // The completion's parameters, bound as the code binds them.
     let scope = idem::Scope {
         tenant: TenantId(TENANT),
-        endpoint: Endpoint::CreateOrder,
+        endpoint: Endpoint::CreateOrder.as_str(),
         key: IdempotencyKey::parse(Some("key-0000000000000001")).unwrap(),
     };
     let fence = idem::Fence {
@@ -108,29 +108,37 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
         ttl_secs: 60,
         at: chrono::Utc::now(),
     };
-    let response = idem::StoredResponse {
+    let response = orderd::idempotency::StoredResponse {
         status: 201,
         location: None,
         content_type: None,
         body: vec![0u8],
     };
-    let complete = plan(&db, idem::COMPLETE, |q| {
-        idem::bind_completion(q, &fence, &response)
-    })
-    .await;
+    let completion = idem::Completion {
+        fence: &fence,
+        response: &response,
+    };
+    let complete = plan(&db, &idem::COMPLETE, |q| completion.bind(q)).await;
     assert!(complete.contains("idempotency_record_pkey"), "{complete}");
     // A create completes its record by key in the same statement.
-    let create = plan(&db, orders::CREATE, |q| {
-        idem::bind_completion(q, &fence, &response)
+    // The order's six values, then the event row's seven.
+    let order_id = Uuid::new_v4();
+    let create = plan(&db, &orders::CREATE, |q| {
+        completion
+            .bind(q)
             .bind(TENANT)
-            .bind(Uuid::new_v4())
+            .bind(order_id)
             .bind("SKU-1")
             .bind(1i32)
             .bind(None::<String>)
             .bind(chrono::Utc::now())
+            .bind(TENANT)
             .bind(Uuid::new_v4())
+            .bind(order_id)
+            .bind(1i32)
             .bind("OrderCreated")
             .bind(serde_json::json!({}))
+            .bind(chrono::Utc::now())
     })
     .await;
     assert!(create.contains("idempotency_record_pkey"), "{create}");

@@ -1,12 +1,13 @@
-//! The adapter between the idempotency core and HTTP: renders an operation's typed
-//! response into the bytes the core stores, and turns a stored response (fresh or
-//! replayed) back into an HTTP response with the same status, `Location` and body.
+//! The adapter between the application layer and HTTP: an operation's [`Reply`] (fresh,
+//! or the stored bytes of a replay) becomes an HTTP response with its status,
+//! `Location` and body, while the OpenAPI spec describes it as the typed response `T`
+//! that the bytes are an instance of.
 
 use std::marker::PhantomData;
 
 use poem::{
     IntoResponse, Response,
-    http::{HeaderValue, StatusCode, header},
+    http::{StatusCode, header},
 };
 use poem_openapi::{
     ApiResponse,
@@ -14,70 +15,69 @@ use poem_openapi::{
     types::Type,
 };
 
-use super::{problem::Problem, responses};
-use crate::idempotency::{Answer, StoredResponse};
+use super::responses;
+use crate::service::Reply;
 
 /// Header added to every replayed response.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
-/// Renders a typed response to the bytes that will be stored and sent.
-pub async fn render<T: IntoResponse>(typed: T) -> Result<StoredResponse, Problem> {
-    let response = typed.into_response();
-    let header_text = |name| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-            .map(String::from)
-    };
-    let location = header_text(header::LOCATION);
-    let content_type = header_text(header::CONTENT_TYPE);
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .into_vec()
-        .await
-        .map_err(|e| Problem::internal(anyhow::anyhow!(e)))?;
-    Ok(StoredResponse {
-        status,
-        location,
-        content_type,
-        body,
-    })
-}
-
-/// A response that went through the guard: always the stored bytes. Its OpenAPI
-/// description is that of `T` (what the operation answers) plus the guard's problems.
-pub struct Idempotent<T> {
+/// A reply as HTTP, described in the spec as `T`.
+pub struct Rendered<T> {
     response: Response,
     _typed: PhantomData<fn() -> T>,
 }
 
-impl<T> From<Answer> for Idempotent<T> {
-    fn from(answer: Answer) -> Self {
-        let stored = answer.response;
+impl<T> From<Reply> for Rendered<T> {
+    fn from(reply: Reply) -> Self {
         let mut builder = Response::builder().status(
-            StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         );
-        if let Some(content_type) = stored.content_type {
+        if let Some(content_type) = reply.content_type {
             builder = builder.header(header::CONTENT_TYPE, content_type);
         }
-        if let Some(location) = stored.location {
+        if let Some(location) = reply.location {
             builder = builder.header(header::LOCATION, location);
         }
-        if answer.replayed {
+        if reply.replayed {
             builder = builder.header(REPLAYED_HEADER, "true");
         }
         Self {
-            response: builder.body(stored.body),
+            response: builder.body(reply.body),
             _typed: PhantomData,
         }
     }
 }
 
-impl<T: Send> IntoResponse for Idempotent<T> {
+impl<T: Send> IntoResponse for Rendered<T> {
     fn into_response(self) -> Response {
         self.response
+    }
+}
+
+impl<T: ApiResponse> ApiResponse for Rendered<T> {
+    fn meta() -> MetaResponses {
+        T::meta()
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+/// A reply that went through the idempotency guard: always the stored bytes. Its
+/// OpenAPI description is that of `T` (what the operation answers) plus the replay
+/// header and the guard's problems.
+pub struct Idempotent<T>(Rendered<T>);
+
+impl<T> From<Reply> for Idempotent<T> {
+    fn from(reply: Reply) -> Self {
+        Self(reply.into())
+    }
+}
+
+impl<T: Send> IntoResponse for Idempotent<T> {
+    fn into_response(self) -> Response {
+        self.0.into_response()
     }
 }
 

@@ -4,7 +4,7 @@ use sqlx::Connection;
 
 use crate::support::{Reply, spawn_app};
 
-const COMMITTED: &str = include_str!("../../openapi/openapi.yaml");
+const COMMITTED: &str = include_str!("../../../openapi/openapi.yaml");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_committed_openapi_file_equals_the_served_document() {

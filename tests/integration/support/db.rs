@@ -3,7 +3,7 @@
 
 use std::{str::FromStr, time::Duration};
 
-use orderd::metrics::Endpoint;
+use orderd::service::Endpoint;
 use sqlx::{
     Connection, Executor, PgConnection, PgPool,
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -173,18 +173,25 @@ pub async fn create_order_in(
     new: &orderd::orders::NewOrder,
 ) -> orderd::orders::Order {
     use orderd::idempotency::{
-        Fingerprint, IdempotencyKey,
-        store::{self, ClaimOrRead, Fence, Scope, StoredResponse},
+        Fingerprint, IdempotencyKey, StoredResponse,
+        store::{self, ClaimOrRead, Fence, Scope},
     };
     let scope = Scope {
         tenant,
-        endpoint: Endpoint::CreateOrder,
+        endpoint: Endpoint::CreateOrder.as_str(),
         key: IdempotencyKey::parse(Some(&Uuid::new_v4().to_string())).unwrap(),
     };
     let owner = Uuid::new_v4();
-    let claimed = store::claim_or_read(&mut *tx, &scope, &Fingerprint::of(new), owner, 60_000)
-        .await
-        .unwrap();
+    let claimed = store::claim_or_read(
+        &mut *tx,
+        orderd::db::Statements::NAMED,
+        &scope,
+        &Fingerprint::of(new),
+        owner,
+        60_000,
+    )
+    .await
+    .unwrap();
     let ClaimOrRead::Claimed { at } = claimed else {
         panic!("a fresh key is claimed");
     };
@@ -201,9 +208,15 @@ pub async fn create_order_in(
         content_type: Some("application/json".into()),
         body: b"{}".to_vec(),
     };
-    let written = orderd::orders::store::create(&mut *tx, &fence, &response, &order)
-        .await
-        .unwrap();
+    let written = orderd::orders::store::create(
+        &mut *tx,
+        orderd::db::Statements::NAMED,
+        &fence,
+        &response,
+        &order,
+    )
+    .await
+    .unwrap();
     assert!(written, "the fence of a fresh claim holds");
     order
 }

@@ -51,7 +51,7 @@ fn openapi_yaml_prints_the_committed_document() {
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
-        include_str!("../../openapi/openapi.yaml")
+        include_str!("../../../openapi/openapi.yaml")
     );
 }
 

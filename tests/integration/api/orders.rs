@@ -46,12 +46,7 @@ async fn cancelling_sets_cancelled_and_a_second_cancel_returns_it_unchanged() {
         first.json(),
         "unchanged, including updated_at"
     );
-    let events: Vec<String> =
-        sqlx::query_scalar("SELECT event_type FROM outbox_event ORDER BY aggregate_seq")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
-    assert_eq!(events, ["OrderCreated", "OrderCancelled"]);
+    assert_eq!(app.event_types().await, ["OrderCreated", "OrderCancelled"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

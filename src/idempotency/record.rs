@@ -1,0 +1,40 @@
+//! What the idempotency table holds for a key, as plain values: read by the store,
+//! judged by the pure state machine (`decide`), replayed to clients. Neither of those
+//! two modules owns these types, so neither imports the other.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// A stored response, replayed byte for byte: what the first execution answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub location: Option<String>,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// A record as stored, with the database clock at the moment it was read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The fingerprint of the request that claimed (or completed) the key.
+    pub fingerprint: Vec<u8>,
+    pub state: State,
+    /// `clock_timestamp()` when the row was read: leases and expiry are judged on the
+    /// database's clock, never on this process's.
+    pub read_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// Claimed and being executed by the request holding `owner`.
+    Processing {
+        owner: Uuid,
+        lease_until: DateTime<Utc>,
+    },
+    /// Done; `response` is replayed to every retry until `expires_at`.
+    Completed {
+        expires_at: DateTime<Utc>,
+        response: StoredResponse,
+    },
+}

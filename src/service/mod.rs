@@ -1,0 +1,381 @@
+//! The application layer: create, cancel, get and list, once, under both transports.
+//!
+//! REST (`api::orders`) and the MCP tools (`api::mcp`) only parse their own framing,
+//! authenticate through the one verifier into a [`Caller`], call an operation here and
+//! render the neutral [`Reply`] it returns. Writes go through the idempotency guard,
+//! which stores the reply's bytes; so a tool call and a REST call with the same key
+//! and request are one operation: one order, one event, and the second one replays.
+//! Nothing here knows HTTP framing or MCP messages.
+
+pub mod problem;
+pub mod view;
+
+use std::sync::Arc;
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use chrono::{DateTime, Datelike, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use self::{
+    problem::{Kind, Problem},
+    view::{JSON, OrderPage, OrderView},
+};
+use crate::{
+    auth::{Principal, SCOPE_READ, SCOPE_WRITE},
+    db::Db,
+    idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
+    metrics::label_enum,
+    orders::{self, CancelOutcome, NewOrder, store::PageAfter},
+    tenant::TenantId,
+};
+
+label_enum! {
+    /// The idempotent operations, by method and route template: the `endpoint` of an
+    /// idempotency record's key (stored in `idempotency_record.endpoint`) and of the
+    /// `idempotency_requests_total` metric. A REST call and a tool call of one
+    /// operation share it.
+    pub Endpoint {
+        CreateOrder => "POST /v1/orders",
+        CancelOrder => "POST /v1/orders/{id}/cancel",
+    }
+}
+
+/// Page sizes of a list: 1 to [`LIMIT_MAX`], [`LIMIT_DEFAULT`] when not given.
+pub const LIMIT_MAX: i64 = 100;
+pub const LIMIT_DEFAULT: i64 = 20;
+
+/// Who calls: a verified token's principal (tenant, subject, scopes). Both transports
+/// make one the same way, through `auth::Verifier`; only a verified token makes one.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    principal: Arc<Principal>,
+}
+
+impl Caller {
+    pub fn new(principal: Arc<Principal>) -> Self {
+        Self { principal }
+    }
+
+    pub fn tenant(&self) -> TenantId {
+        self.principal.tenant
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.principal.subject
+    }
+
+    fn require(&self, scope: &'static str) -> Result<(), Problem> {
+        Ok(self.principal.require(scope)?)
+    }
+}
+
+/// What an operation answers, as both transports render it: a status, the body's
+/// bytes (JSON, or problem+json for a stored refusal), a `Location` for a create, and
+/// whether it is the stored reply of an earlier request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
+    pub replayed: bool,
+}
+
+impl Reply {
+    /// A 200 with `value` as its body.
+    fn ok(value: &impl Serialize) -> Self {
+        Self {
+            status: 200,
+            content_type: Some(JSON.to_string()),
+            location: None,
+            body: view::render(value),
+            replayed: false,
+        }
+    }
+
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+impl From<Answer> for Reply {
+    fn from(answer: Answer) -> Self {
+        let StoredResponse {
+            status,
+            location,
+            content_type,
+            body,
+        } = answer.response;
+        Self {
+            status,
+            content_type,
+            location,
+            body,
+            replayed: answer.replayed,
+        }
+    }
+}
+
+/// The operations, over the process's database and idempotency guard.
+#[derive(Clone)]
+pub struct Service {
+    db: Db,
+    guard: Guard,
+}
+
+impl Service {
+    pub fn new(db: Db, guard: Guard) -> Self {
+        Self { db, guard }
+    }
+
+    /// The database, for the readiness probe.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Creates an order once per key: `POST /v1/orders`, the `create_order` tool.
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        key: IdempotencyKey,
+        new: NewOrder,
+    ) -> Result<Reply, Problem> {
+        caller.require(SCOPE_WRITE)?;
+        let scope = Scope {
+            tenant: caller.tenant(),
+            endpoint: Endpoint::CreateOrder.as_str(),
+            key,
+        };
+        let statements = self.db.statements();
+        let answer = self
+            .guard
+            .run_in_one_statement(&scope, create_fingerprint(&new), move |conn, fence| {
+                Box::pin(async move {
+                    let order = orders::Order::created(&new, fence.at);
+                    let response = StoredResponse {
+                        status: 201,
+                        location: Some(format!("/v1/orders/{}", order.id)),
+                        content_type: Some(JSON.to_string()),
+                        body: view::render(&OrderView::from(order.clone())),
+                    };
+                    let written =
+                        orders::store::create(conn, statements, &fence, &response, &order).await?;
+                    Ok::<_, Problem>(written.then_some(response))
+                })
+            })
+            .await?;
+        Ok(answer.into())
+    }
+
+    /// Cancels an order once per key: `POST /v1/orders/{id}/cancel`, the `cancel_order`
+    /// tool. An unknown order is a 404 that is stored and replayed like a success.
+    pub async fn cancel(
+        &self,
+        caller: &Caller,
+        key: IdempotencyKey,
+        id: Uuid,
+    ) -> Result<Reply, Problem> {
+        caller.require(SCOPE_WRITE)?;
+        let tenant = caller.tenant();
+        let scope = Scope {
+            tenant,
+            endpoint: Endpoint::CancelOrder.as_str(),
+            key,
+        };
+        let statements = self.db.statements();
+        let answer = self
+            .guard
+            .run(&scope, cancel_fingerprint(id), move |tx, _| {
+                Box::pin(async move {
+                    let response = match orders::store::cancel(tx, statements, tenant, id).await? {
+                        CancelOutcome::Cancelled(order)
+                        | CancelOutcome::AlreadyCancelled(order) => {
+                            let reply = Reply::ok(&OrderView::from(order));
+                            StoredResponse {
+                                status: reply.status,
+                                location: None,
+                                content_type: reply.content_type,
+                                body: reply.body,
+                            }
+                        }
+                        CancelOutcome::NotFound => {
+                            let problem = not_found(id);
+                            let mut details = problem.details();
+                            details.instance = Some(format!("/v1/orders/{id}"));
+                            StoredResponse {
+                                status: details.status,
+                                location: None,
+                                content_type: Some(problem::PROBLEM_JSON.to_string()),
+                                body: serde_json::to_vec(&details)
+                                    .map_err(|e| Problem::internal(anyhow::anyhow!(e)))?,
+                            }
+                        }
+                    };
+                    Ok::<_, Problem>(response)
+                })
+            })
+            .await?;
+        Ok(answer.into())
+    }
+
+    /// One order of the caller's tenant: `GET /v1/orders/{id}`, the `get_order` tool.
+    /// Another tenant's order does not exist for the caller (404, never 403).
+    pub async fn get(&self, caller: &Caller, id: Uuid) -> Result<Reply, Problem> {
+        caller.require(SCOPE_READ)?;
+        let tenant = caller.tenant();
+        let found = self
+            .db
+            .run(async |c| orders::store::get(c, self.db.statements(), tenant, id).await)
+            .await?;
+        match found {
+            Some(order) => Ok(Reply::ok(&OrderView::from(order))),
+            None => Err(not_found(id)),
+        }
+    }
+
+    /// One page of the caller's tenant's orders, newest first, after the position the
+    /// cursor `after` names: `GET /v1/orders`, the `list_orders` tool.
+    pub async fn list(
+        &self,
+        caller: &Caller,
+        limit: i64,
+        after: Option<&str>,
+    ) -> Result<Reply, Problem> {
+        caller.require(SCOPE_READ)?;
+        if !(1..=LIMIT_MAX).contains(&limit) {
+            return Err(Problem::invalid_field(
+                "limit",
+                &format!("must be a whole number from 1 to {LIMIT_MAX}"),
+            ));
+        }
+        // An empty `after` is no position at all: the first page.
+        let after = after
+            .filter(|a| !a.is_empty())
+            .map(decode_cursor)
+            .transpose()?;
+        let tenant = caller.tenant();
+        // One extra row tells whether a next page exists without a count query.
+        let mut items = self
+            .db
+            .run(async |c| {
+                orders::store::list(c, self.db.statements(), tenant, limit + 1, after).await
+            })
+            .await?;
+        let next = if items.len() as i64 > limit {
+            items.truncate(limit as usize);
+            items.last().map(|o| encode_cursor(o.created_at, o.id))
+        } else {
+            None
+        };
+        Ok(Reply::ok(&OrderPage {
+            items: items.into_iter().map(OrderView::from).collect(),
+            next,
+        }))
+    }
+}
+
+fn not_found(id: Uuid) -> Problem {
+    Problem::new(Kind::NotFound).with_detail(format!("order {id} does not exist"))
+}
+
+/// The fingerprint of a create: the parsed body with defaults applied.
+pub fn create_fingerprint(new: &NewOrder) -> Fingerprint {
+    Fingerprint::of(&RequestShape {
+        path: None,
+        body: Some(new),
+    })
+}
+
+/// The fingerprint of a cancel: the order id from the path.
+pub fn cancel_fingerprint(id: Uuid) -> Fingerprint {
+    Fingerprint::of(&RequestShape::<()> {
+        path: Some(PathParams { id }),
+        body: None,
+    })
+}
+
+/// What the fingerprint covers: path parameters and the parsed body with defaults.
+#[derive(Serialize)]
+struct RequestShape<'a, B: Serialize> {
+    path: Option<PathParams>,
+    body: Option<&'a B>,
+}
+
+#[derive(Serialize)]
+struct PathParams {
+    id: Uuid,
+}
+
+/// Opaque cursor: the `(created_at, id)` of the last order of a page.
+pub fn encode_cursor(created_at: DateTime<Utc>, id: Uuid) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}.{}", created_at.timestamp_micros(), id.simple()))
+}
+
+/// The position a cursor names; a malformed, forged or out-of-range one is a
+/// `validation-error` on `after`.
+pub fn decode_cursor(cursor: &str) -> Result<PageAfter, Problem> {
+    let bad = || {
+        Problem::new(Kind::ValidationError)
+            .with_detail("`after` is not a cursor returned by this API")
+            .with_errors(vec![problem::FieldError {
+                field: "after".into(),
+                message: "not a valid cursor".into(),
+            }])
+    };
+    let text = URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(bad)?;
+    let (micros, id) = text.split_once('.').ok_or_else(bad)?;
+    // A position the database can compare with: years 1 to 9999 (a forged cursor
+    // outside PostgreSQL's range would otherwise fail there).
+    let created_at = micros
+        .parse::<i64>()
+        .ok()
+        .and_then(DateTime::from_timestamp_micros)
+        .filter(|at| (1..=9999).contains(&at.year()))
+        .ok_or_else(bad)?;
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok(PageAfter { created_at, id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_a_validation_error() {
+        let at = DateTime::from_timestamp_micros(1_790_000_000_123_456).unwrap();
+        let id = Uuid::now_v7();
+        assert_eq!(
+            decode_cursor(&encode_cursor(at, id)).unwrap(),
+            PageAfter { created_at: at, id }
+        );
+        let far = format!("{}.{}", i64::MAX / 2, Uuid::nil().simple());
+        let before_year_one = format!("{}.{}", -62_200_000_000_000_000i64, Uuid::nil().simple());
+        for bad in [
+            "",
+            "!!!",
+            "bm9wZQ",
+            &URL_SAFE_NO_PAD.encode("12.not-a-uuid"),
+            &URL_SAFE_NO_PAD.encode(far),
+            &URL_SAFE_NO_PAD.encode(before_year_one),
+        ] {
+            assert_eq!(
+                decode_cursor(bad).unwrap_err().kind,
+                Kind::ValidationError,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn endpoints_round_trip_through_their_spelling() {
+        for e in Endpoint::ALL {
+            assert_eq!(Endpoint::parse(e.as_str()), Some(*e));
+        }
+        assert_eq!(Endpoint::parse("GET /v1/orders"), None);
+    }
+}

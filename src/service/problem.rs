@@ -1,0 +1,338 @@
+//! The one error type of the application layer: a problem with a stable `type` slug,
+//! answered by both transports (REST as RFC 9457 `application/problem+json`, MCP as a
+//! tool result whose text is the same object).
+//!
+//! Expected outcomes that a client must be able to tell apart (404, 409, 422, ...) are
+//! problems with a slug. The typed errors of the layers below (authentication, the
+//! idempotency guard, key parsing, the create rules, the database) are mapped here, in
+//! one place. Unexpected failures become [`Problem::internal`], whose body says nothing
+//! about the cause: the cause goes to the log, where an operator can read it, and never
+//! to the client.
+
+use http::{HeaderName, HeaderValue, StatusCode, header};
+use poem_openapi::Object;
+use serde::Serialize;
+
+use crate::{
+    auth::AuthError,
+    idempotency::{GuardError, KeyError},
+    orders::Invalid,
+};
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The wire format of a problem (also the OpenAPI schema of every error response):
+/// `type`, `title` and `status` always, in that order; the others only when they say
+/// something (never `null`).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+#[oai(rename = "Problem", skip_serializing_if_is_none)]
+pub struct ProblemDetails {
+    /// A URI reference naming the kind of problem: `/problems/<slug>`.
+    #[serde(rename = "type")]
+    #[oai(rename = "type")]
+    pub kind: String,
+    /// Short, human-readable summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// Explanation specific to this occurrence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The request path this occurrence concerns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Every field (or parameter, or header) at fault, for `validation-error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<FieldError>>,
+}
+
+/// One invalid input.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+pub struct FieldError {
+    /// The body field, query or path parameter, or header at fault, by name (`body` for
+    /// the body as a whole).
+    pub field: String,
+    /// What is wrong with it, in plain words: missing, unknown, or the rule it breaks.
+    pub message: String,
+}
+
+/// The problem types; `title` texts are fixed per slug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    IdempotencyKeyMissing,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyReused,
+    IdempotencyKeyInFlight,
+    ValidationError,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    RateLimited,
+    ServiceUnavailable,
+    InternalError,
+    RequestTimeout,
+    UriTooLong,
+    HeadersTooLarge,
+}
+
+impl Kind {
+    pub fn slug(self) -> &'static str {
+        match self {
+            Kind::IdempotencyKeyMissing => "idempotency-key-missing",
+            Kind::IdempotencyKeyInvalid => "idempotency-key-invalid",
+            Kind::IdempotencyKeyReused => "idempotency-key-reused",
+            Kind::IdempotencyKeyInFlight => "idempotency-key-in-flight",
+            Kind::ValidationError => "validation-error",
+            Kind::Unauthorized => "unauthorized",
+            Kind::Forbidden => "forbidden",
+            Kind::NotFound => "not-found",
+            Kind::MethodNotAllowed => "method-not-allowed",
+            Kind::PayloadTooLarge => "payload-too-large",
+            Kind::UnsupportedMediaType => "unsupported-media-type",
+            Kind::RateLimited => "rate-limited",
+            Kind::ServiceUnavailable => "service-unavailable",
+            Kind::InternalError => "internal-error",
+            Kind::RequestTimeout => "request-timeout",
+            Kind::UriTooLong => "uri-too-long",
+            Kind::HeadersTooLarge => "headers-too-large",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Kind::IdempotencyKeyMissing => "Idempotency-Key header is required",
+            Kind::IdempotencyKeyInvalid => "Idempotency-Key header is malformed",
+            Kind::IdempotencyKeyReused => "Idempotency-Key was already used with another request",
+            Kind::IdempotencyKeyInFlight => "A request with this Idempotency-Key is in progress",
+            Kind::ValidationError => "The request is invalid",
+            Kind::Unauthorized => "Authentication is required",
+            Kind::Forbidden => "The token lacks the required scope",
+            Kind::NotFound => "Not found",
+            Kind::MethodNotAllowed => "Method not allowed",
+            Kind::PayloadTooLarge => "Payload too large",
+            Kind::UnsupportedMediaType => "Unsupported media type",
+            Kind::RateLimited => "Too many requests",
+            Kind::ServiceUnavailable => "Service unavailable",
+            Kind::InternalError => "Internal error",
+            Kind::RequestTimeout => "The request did not arrive in time",
+            Kind::UriTooLong => "URI too long",
+            Kind::HeadersTooLarge => "Request header fields too large",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Kind::IdempotencyKeyMissing | Kind::IdempotencyKeyInvalid | Kind::ValidationError => {
+                StatusCode::BAD_REQUEST
+            }
+            Kind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Kind::IdempotencyKeyInFlight => StatusCode::CONFLICT,
+            Kind::Unauthorized => StatusCode::UNAUTHORIZED,
+            Kind::Forbidden => StatusCode::FORBIDDEN,
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Kind::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Kind::UriTooLong => StatusCode::URI_TOO_LONG,
+            Kind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        }
+    }
+}
+
+/// An error answered to the client as problem+json.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {}", kind.slug(), detail.as_deref().unwrap_or(kind.title()))]
+pub struct Problem {
+    pub kind: Kind,
+    pub detail: Option<String>,
+    pub errors: Option<Vec<FieldError>>,
+    /// Extra response headers (`Retry-After`, `WWW-Authenticate`).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    pub fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            detail: None,
+            errors: None,
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    pub fn with_errors(mut self, errors: Vec<FieldError>) -> Self {
+        self.errors = Some(errors);
+        self
+    }
+
+    /// An unexpected failure. The cause is logged here, once, with its whole chain;
+    /// the client sees only a generic body.
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        let cause = cause.into();
+        tracing::error!(error = format!("{cause:#}"), "request failed");
+        Self::new(Kind::InternalError)
+    }
+
+    pub fn unavailable(cause: impl Into<anyhow::Error>) -> Self {
+        let cause = cause.into();
+        tracing::warn!(error = format!("{cause:#}"), "dependency unavailable");
+        Self::new(Kind::ServiceUnavailable)
+    }
+
+    /// 401 with the RFC 6750 challenge.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Unauthorized)
+            .with_detail(detail)
+            .with_header(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Bearer error="invalid_token""#),
+            )
+    }
+
+    /// A `validation-error` naming every field at fault, in order.
+    pub fn invalid(errors: Vec<FieldError>) -> Self {
+        let detail = errors
+            .iter()
+            .map(|e| format!("`{}` {}", e.field, e.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Self::new(Kind::ValidationError)
+            .with_detail(detail)
+            .with_errors(errors)
+    }
+
+    /// One field at fault.
+    pub fn invalid_field(field: &str, message: &str) -> Self {
+        Self::invalid(vec![FieldError {
+            field: field.into(),
+            message: message.into(),
+        }])
+    }
+
+    /// How many seconds the problem says to wait before retrying, if it says so.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == header::RETRY_AFTER)
+            .and_then(|(_, value)| value.to_str().ok()?.parse().ok())
+    }
+
+    pub fn details(&self) -> ProblemDetails {
+        ProblemDetails {
+            kind: format!("/problems/{}", self.kind.slug()),
+            title: self.kind.title().to_string(),
+            status: self.kind.status().as_u16(),
+            detail: self.detail.clone(),
+            instance: None,
+            errors: self.errors.clone(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Problem {
+    fn from(err: sqlx::Error) -> Self {
+        // SQLSTATEs that say "not now" rather than "never": a cancelled statement
+        // (statement timeout), a transaction left idle too long, a lock not granted,
+        // too many connections, a server shutting down.
+        const UNAVAILABLE: [&str; 6] = ["57014", "25P03", "55P03", "53300", "57P01", "57P03"];
+        let transient = match &err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+            sqlx::Error::Database(db) => {
+                db.code().is_some_and(|c| UNAVAILABLE.contains(&c.as_ref()))
+            }
+            _ => false,
+        };
+        if transient {
+            Problem::unavailable(err).with_header(header::RETRY_AFTER, HeaderValue::from(1))
+        } else {
+            Problem::internal(err)
+        }
+    }
+}
+
+impl From<KeyError> for Problem {
+    fn from(err: KeyError) -> Self {
+        let (kind, message) = match err {
+            KeyError::Missing => (Kind::IdempotencyKeyMissing, "is required on every POST"),
+            KeyError::Invalid => (
+                Kind::IdempotencyKeyInvalid,
+                "must be 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-', bare or in double quotes",
+            ),
+        };
+        Problem::new(kind)
+            .with_detail(err.to_string())
+            .with_errors(vec![FieldError {
+                field: "Idempotency-Key".into(),
+                message: message.into(),
+            }])
+    }
+}
+
+impl From<AuthError> for Problem {
+    fn from(err: AuthError) -> Self {
+        match err {
+            AuthError::InvalidToken(why) => Problem::unauthorized(why),
+            AuthError::MissingScope(_) => {
+                Problem::new(Kind::Forbidden).with_detail(err.to_string())
+            }
+        }
+    }
+}
+
+impl From<GuardError<Problem>> for Problem {
+    fn from(err: GuardError<Problem>) -> Self {
+        match err {
+            GuardError::KeyReused => Problem::new(Kind::IdempotencyKeyReused).with_detail(
+                "this Idempotency-Key was already used with a different request; use a new key",
+            ),
+            GuardError::InFlight { retry_after } | GuardError::LeaseLost { retry_after } => {
+                Problem::new(Kind::IdempotencyKeyInFlight)
+                    .with_detail(
+                        "a request with this Idempotency-Key is still being processed; retry shortly",
+                    )
+                    .with_header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)))
+            }
+            GuardError::Operation(problem) => problem,
+            GuardError::Db(e) => e.into(),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Problem {
+    fn from(err: anyhow::Error) -> Self {
+        Problem::internal(err)
+    }
+}
+
+impl From<Vec<Invalid>> for Problem {
+    /// A create that breaks its rules: every field at fault, and a detail naming them.
+    fn from(errors: Vec<Invalid>) -> Self {
+        Problem::invalid(
+            errors
+                .into_iter()
+                .map(|e| FieldError {
+                    field: e.field,
+                    message: e.message,
+                })
+                .collect(),
+        )
+    }
+}

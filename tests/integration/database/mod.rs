@@ -1,0 +1,6 @@
+mod crash;
+mod db_timeouts;
+mod indexes;
+mod pool;
+mod purge;
+mod scale_out;

@@ -1,0 +1,3 @@
+mod concurrency;
+mod keys;
+mod replay_cache;

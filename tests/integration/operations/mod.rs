@@ -1,0 +1,3 @@
+mod cli;
+mod observability;
+mod reconcile;
