@@ -7,7 +7,7 @@ use orderd::cli::{self, Cli};
 
 /// mimalloc instead of the system allocator: a request allocates and frees many small
 /// objects (headers, JSON, SQL buffers) across worker threads, and glibc's malloc
-/// was a tenth of a create's CPU (docs/performance.md).
+/// showed up in a create's CPU profile (the figures are in docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

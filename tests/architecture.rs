@@ -1,7 +1,8 @@
 //! The module layering of `docs/architecture.md`, checked on the source: every
 //! `crate::` path of a top-level module of `src/` must name a module that the table in
-//! that document allows it to import, and the imports must form no cycle. The table is
-//! read from the document itself, so the document and the check cannot disagree.
+//! that document allows it to import, the imports must form no cycle, and no two files
+//! of one module import each other. The table is read from the document itself, so the
+//! document and the check cannot disagree.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -64,10 +65,16 @@ fn files_of(module: &str) -> Vec<PathBuf> {
 /// The top-level modules named by the `crate::` paths in `text`, including the
 /// entries of grouped imports (`crate::{a::B, c}`).
 fn imports(text: &str) -> BTreeSet<String> {
+    names_after(text, "crate::")
+}
+
+/// The first path segments after each `prefix` in `text` (`crate::`, `super::`),
+/// including the entries of grouped imports.
+fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut rest = text;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // Names at brace depth 0 of the group, each at the start of an item.
             let mut depth = 0;
@@ -78,7 +85,12 @@ fn imports(text: &str) -> BTreeSet<String> {
                     '{' => depth += 1,
                     '}' if depth == 0 => break,
                     '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
+                    ',' if depth == 0 => {
+                        if !name.is_empty() {
+                            found.insert(std::mem::take(&mut name));
+                        }
+                        item_start = true;
+                    }
                     c if depth == 0 && item_start && (c.is_alphanumeric() || c == '_') => {
                         name.push(c)
                     }
@@ -190,12 +202,98 @@ fn the_modules_form_no_cycle() {
     }
 }
 
+/// The code of a file without its comments (a doc link is no import) and its unit
+/// tests, which may import anything.
+fn without_tests(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    code.lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The pairs of sibling files of the module folder `dir` (not its mod.rs, which
+/// declares them) that import each other, by `super::x` or `crate::<module>::x`.
+fn mutual_imports(dir: &Path) -> Vec<String> {
+    let module = dir.file_name().unwrap().to_string_lossy().to_string();
+    let mut siblings = BTreeMap::new();
+    for file in fs::read_dir(dir).unwrap() {
+        let path = file.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            let code = without_tests(&fs::read_to_string(&path).unwrap());
+            let mut used = names_after(&code, "super::");
+            used.extend(names_after(&code, &format!("crate::{module}::")));
+            siblings.insert(name, used);
+        }
+    }
+    let mut pairs = Vec::new();
+    for (a, used) in &siblings {
+        for b in used {
+            if a < b && siblings.get(b).is_some_and(|theirs| theirs.contains(a)) {
+                pairs.push(format!("src/{module}/{a}.rs <-> src/{module}/{b}.rs"));
+            }
+        }
+    }
+    pairs
+}
+
+#[test]
+fn no_two_files_of_a_module_import_each_other() {
+    let src = Path::new(ROOT).join("src");
+    let mut pairs = Vec::new();
+    for entry in fs::read_dir(&src).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.is_dir() {
+            pairs.extend(mutual_imports(&dir));
+        }
+    }
+    assert!(
+        pairs.is_empty(),
+        "files that import each other:\n{}",
+        pairs.join("\n")
+    );
+}
+
+#[test]
+fn two_files_that_import_each_other_are_found() {
+    let dir = std::env::temp_dir()
+        .join(format!("arch-{}", std::process::id()))
+        .join("core");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("mod.rs"),
+        "pub mod decide;\npub mod store;\npub mod key;\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("decide.rs"),
+        "use super::{Fingerprint, store::Stored};\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("store.rs"),
+        "//! Reads what [`super::key`] parsed.\nuse super::{\n    decide::{Record, State},\n};\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("key.rs"),
+        "#[cfg(test)]\nmod tests { use super::super::store; }\n",
+    )
+    .unwrap();
+    assert_eq!(
+        mutual_imports(&dir),
+        ["src/core/decide.rs <-> src/core/store.rs"]
+    );
+    fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+}
+
 #[test]
 fn grouped_imports_are_read_at_their_first_level() {
     let found = imports(
-        "use crate::{api::{self, AppState}, auth::Verifier,\n    config::{self, Config}, db};\nlet x = crate::metrics::install();",
+        "use crate::{api::{self, AppState}, auth::Verifier,\n    config::{self, Config}, db, tenant};\nlet x = crate::metrics::install();",
     );
-    let want: BTreeSet<String> = ["api", "auth", "config", "db", "metrics"]
+    let want: BTreeSet<String> = ["api", "auth", "config", "db", "metrics", "tenant"]
         .into_iter()
         .map(String::from)
         .collect();

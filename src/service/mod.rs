@@ -83,15 +83,12 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// A 200 with `value` as its body.
-    fn ok(value: &impl Serialize) -> Self {
-        Self {
-            status: 200,
-            content_type: Some(JSON.to_string()),
-            location: None,
-            body: view::render(value),
+    /// A reply made just now (not a replay).
+    fn fresh(response: StoredResponse) -> Self {
+        Self::from(Answer {
+            response,
             replayed: false,
-        }
+        })
     }
 
     pub fn is_success(&self) -> bool {
@@ -114,6 +111,29 @@ impl From<Answer> for Reply {
             body,
             replayed: answer.replayed,
         }
+    }
+}
+
+/// A JSON answer: `status` and the rendering of `value`.
+fn json(status: u16, value: &impl Serialize) -> StoredResponse {
+    StoredResponse {
+        status,
+        location: None,
+        content_type: Some(JSON.to_string()),
+        body: view::render(value),
+    }
+}
+
+/// A refusal stored like an answer (a cancel of an unknown order): the problem's
+/// status and its problem+json body, `instance` the operation's path.
+fn refusal(problem: &Problem, instance: String) -> StoredResponse {
+    let mut details = problem.details();
+    details.instance = Some(instance);
+    StoredResponse {
+        status: details.status,
+        location: None,
+        content_type: Some(problem::PROBLEM_JSON.to_string()),
+        body: serde_json::to_vec(&details).expect("problem details always serialise"),
     }
 }
 
@@ -154,10 +174,8 @@ impl Service {
                 Box::pin(async move {
                     let order = orders::Order::created(&new, fence.at);
                     let response = StoredResponse {
-                        status: 201,
                         location: Some(format!("/v1/orders/{}", order.id)),
-                        content_type: Some(JSON.to_string()),
-                        body: view::render(&OrderView::from(order.clone())),
+                        ..json(201, &OrderView::from(order.clone()))
                     };
                     let written =
                         orders::store::create(conn, statements, &fence, &response, &order).await?;
@@ -188,31 +206,17 @@ impl Service {
             .guard
             .run(&scope, cancel_fingerprint(id), move |tx, _| {
                 Box::pin(async move {
-                    let response = match orders::store::cancel(tx, statements, tenant, id).await? {
-                        CancelOutcome::Cancelled(order)
-                        | CancelOutcome::AlreadyCancelled(order) => {
-                            let reply = Reply::ok(&OrderView::from(order));
-                            StoredResponse {
-                                status: reply.status,
-                                location: None,
-                                content_type: reply.content_type,
-                                body: reply.body,
+                    Ok::<_, Problem>(
+                        match orders::store::cancel(tx, statements, tenant, id).await? {
+                            CancelOutcome::Cancelled(order)
+                            | CancelOutcome::AlreadyCancelled(order) => {
+                                json(200, &OrderView::from(order))
                             }
-                        }
-                        CancelOutcome::NotFound => {
-                            let problem = not_found(id);
-                            let mut details = problem.details();
-                            details.instance = Some(format!("/v1/orders/{id}"));
-                            StoredResponse {
-                                status: details.status,
-                                location: None,
-                                content_type: Some(problem::PROBLEM_JSON.to_string()),
-                                body: serde_json::to_vec(&details)
-                                    .map_err(|e| Problem::internal(anyhow::anyhow!(e)))?,
+                            CancelOutcome::NotFound => {
+                                refusal(&not_found(id), format!("/v1/orders/{id}"))
                             }
-                        }
-                    };
-                    Ok::<_, Problem>(response)
+                        },
+                    )
                 })
             })
             .await?;
@@ -229,7 +233,7 @@ impl Service {
             .run(async |c| orders::store::get(c, self.db.statements(), tenant, id).await)
             .await?;
         match found {
-            Some(order) => Ok(Reply::ok(&OrderView::from(order))),
+            Some(order) => Ok(Reply::fresh(json(200, &OrderView::from(order)))),
             None => Err(not_found(id)),
         }
     }
@@ -268,10 +272,13 @@ impl Service {
         } else {
             None
         };
-        Ok(Reply::ok(&OrderPage {
-            items: items.into_iter().map(OrderView::from).collect(),
-            next,
-        }))
+        Ok(Reply::fresh(json(
+            200,
+            &OrderPage {
+                items: items.into_iter().map(OrderView::from).collect(),
+                next,
+            },
+        )))
     }
 }
 

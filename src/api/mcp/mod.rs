@@ -32,6 +32,7 @@ use super::{
     Shared,
     auth::{authenticate, bearer_token},
     problem::{Kind, Problem},
+    routes::Route,
 };
 use crate::{
     auth::{AuthError, SCOPE_READ, SCOPE_WRITE},
@@ -120,9 +121,10 @@ impl Mcp {
         if response.status() == StatusCode::METHOD_NOT_ALLOWED
             && !response.headers().contains_key(header::ALLOW)
         {
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            response.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static(Route::Mcp.allowed_methods()),
+            );
         }
         Ok(response)
     }
