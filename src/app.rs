@@ -131,6 +131,7 @@ impl Application {
         let service = Service::new(
             self.db.clone(),
             Guard::new(self.db.clone(), self.config.idempotency.clone()),
+            self.config.http.max_in_flight,
         );
         let supervisor = Supervisor::new();
         let relay_runs = self.relay.is_some();

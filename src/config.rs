@@ -68,9 +68,9 @@ mod table {
     setting!(MIGRATE, "ORDERD_MIGRATE", Some("on"), Kind::Switch, "`serve` applies pending migrations at start");
     setting!(JWT_HS256_SECRET, "ORDERD_JWT_HS256_SECRET", None, Kind::Secret, "HS256 shared secret, at least 32 bytes (exactly one of the three verifiers)");
     setting!(JWT_PUBLIC_KEY_FILE, "ORDERD_JWT_PUBLIC_KEY_FILE", None, Kind::Text, "PEM public key file: an RSA key allows RS256, an EC key ES256");
-    setting!(JWT_JWKS_URL, "ORDERD_JWT_JWKS_URL", None, Kind::Text, "JSON Web Key Set URL (http or https); the token's `kid` picks the key; refreshed every 5 minutes");
-    setting!(JWT_ISSUER, "ORDERD_JWT_ISSUER", None, Kind::Text, "when set, a token's `iss` must match");
-    setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it");
+    setting!(JWT_JWKS_URL, "ORDERD_JWT_JWKS_URL", None, Kind::Text, "JSON Web Key Set URL: `https`, or `http` only to a loopback host; the token's `kid` picks the key; refreshed every 5 minutes; needs `ORDERD_JWT_ISSUER` and `ORDERD_JWT_AUDIENCE`");
+    setting!(JWT_ISSUER, "ORDERD_JWT_ISSUER", None, Kind::Text, "when set, a token's `iss` must match; required with a JWKS URL");
+    setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it; required with a JWKS URL");
     setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
     setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
     setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("6291456"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1.5 KiB each (least recently used go first); `0` turns the cache off");
@@ -78,7 +78,7 @@ mod table {
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
     setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed");
     setting!(HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most; further ones wait in the kernel's accept queue (also kept below the file-descriptor limit)");
-    setting!(HTTP_MAX_IN_FLIGHT, "ORDERD_HTTP_MAX_IN_FLIGHT", Some("1024"), range(1, 1_000_000), "requests being handled at once; beyond it, 503 with `Retry-After` before any authentication work");
+    setting!(HTTP_MAX_IN_FLIGHT, "ORDERD_HTTP_MAX_IN_FLIGHT", Some("1024"), range(1, 1_000_000), "operations doing work at once, counted only once a request's token verified, its tenant's limits admitted it and its body arrived; beyond it, 503 with `Retry-After`");
     setting!(TENANT_RATE_PER_SEC, "ORDERD_TENANT_RATE_PER_SEC", Some("500"), range(0, 1_000_000), "per-tenant token bucket refill rate on the API and MCP paths, per process; `0` turns the limit off");
     setting!(TENANT_BURST, "ORDERD_TENANT_BURST", Some("1000"), range(1, 10_000_000), "per-tenant token bucket size");
     setting!(TENANT_MAX_IN_FLIGHT, "ORDERD_TENANT_MAX_IN_FLIGHT", Some("8"), range(1, 10_000), "requests of one tenant doing database work at once, per process; more wait their turn (up to 2 s, then 429)");
@@ -232,16 +232,52 @@ impl JwtConfig {
                 JWT_HS256_SECRET.name, JWT_PUBLIC_KEY_FILE.name, JWT_JWKS_URL.name
             )));
         }
-        if let Some(url) = &jwt.jwks_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            return Err(ConfigError::new(format!(
-                "{} must be an http:// or https:// URL, not `{url}`",
-                JWT_JWKS_URL.name
-            )));
+        if let Some(url) = &jwt.jwks_url {
+            if !jwks_url_is_safe(url) {
+                return Err(ConfigError::new(format!(
+                    "{} must be an https:// URL (or http:// to a loopback host), not `{url}`: \
+                     whoever can change the key set can mint tokens for every tenant",
+                    JWT_JWKS_URL.name
+                )));
+            }
+            // A shared identity provider signs tokens for other services too: only the
+            // audience and the issuer tell this service's tokens from theirs.
+            for (setting, value) in [(&JWT_AUDIENCE, &jwt.audience), (&JWT_ISSUER, &jwt.issuer)] {
+                if value.is_none() {
+                    return Err(ConfigError::new(format!(
+                        "{} is required with {}: without it a token the same provider minted \
+                         for another service would be accepted",
+                        setting.name, JWT_JWKS_URL.name
+                    )));
+                }
+            }
         }
         Ok(jwt)
     }
+}
+
+/// Whether a key set may be fetched from `url`: over TLS, or in the clear only from this
+/// host (a provider or a sidecar on loopback).
+fn jwks_url_is_safe(url: &str) -> bool {
+    if url.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // No user info: `http://127.0.0.1@evil.example` names evil.example.
+    if authority.contains('@') {
+        return false;
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Settings of the idempotency guard.
@@ -656,6 +692,41 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("ORDERD_JWT_JWKS_URL"), "{err}");
+    }
+
+    #[test]
+    fn a_key_set_comes_over_tls_or_from_loopback_and_names_its_audience_and_issuer() {
+        let with = |url: &str, extra: &[(&str, &str)]| {
+            let mut settings = vec![("DATABASE_URL", "x"), ("ORDERD_JWT_JWKS_URL", url)];
+            settings.extend_from_slice(extra);
+            config(&settings).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let both = [
+            ("ORDERD_JWT_AUDIENCE", "orderd"),
+            ("ORDERD_JWT_ISSUER", "https://idp.example.com/"),
+        ];
+        for url in [
+            "https://idp.example.com/jwks",
+            "http://127.0.0.1:8080/jwks",
+            "http://127.8.9.10/jwks",
+            "http://localhost/jwks",
+            "http://[::1]:9000/jwks",
+        ] {
+            assert_eq!(with(url, &both), Ok(()), "{url}");
+        }
+        for url in [
+            "http://idp.example.com/jwks",
+            "http://10.0.0.1/jwks",
+            "http://127.0.0.1@idp.example.com/jwks",
+            "http://localhost.example.com/jwks",
+        ] {
+            let err = with(url, &both).unwrap_err();
+            assert!(err.starts_with("ORDERD_JWT_JWKS_URL"), "{url}: {err}");
+        }
+        let err = with("https://idp.example.com/jwks", &both[1..]).unwrap_err();
+        assert!(err.starts_with("ORDERD_JWT_AUDIENCE is required"), "{err}");
+        let err = with("https://idp.example.com/jwks", &both[..1]).unwrap_err();
+        assert!(err.starts_with("ORDERD_JWT_ISSUER is required"), "{err}");
     }
 
     #[test]

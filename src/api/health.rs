@@ -1,12 +1,50 @@
-//! Liveness and readiness probes.
+//! Liveness and readiness probes. Both stay cheap under any load: liveness touches
+//! nothing, and readiness answers from a check at most [`READY_CHECK_AGE`] old, so a
+//! flood of probes costs one database round trip per interval, not one per call.
 
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
 
 use super::ApiTags;
 use crate::{auth::Verifier, db, service::Service};
+
+/// How old the database check behind `/readyz` may be.
+pub const READY_CHECK_AGE: Duration = Duration::from_secs(1);
+
+/// The last database check, shared by every `/readyz` of the process.
+#[derive(Default)]
+pub struct Readiness {
+    /// When the last check ran and whether the database answered. The lock is held
+    /// while a stale check is redone, so concurrent probes wait for that one check
+    /// instead of each running its own.
+    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+}
+
+impl Readiness {
+    /// Whether the database answered at the last check, redoing it when stale.
+    async fn database_answers(&self, service: &Service) -> bool {
+        let mut last = self.last.lock().await;
+        if let Some((at, answered)) = *last
+            && at.elapsed() < READY_CHECK_AGE
+        {
+            return answered;
+        }
+        let answered = match db::ping(service.db()).await {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::warn!(error = %why, "readiness probe failed");
+                false
+            }
+        };
+        *last = Some((Instant::now(), answered));
+        answered
+    }
+}
 
 pub struct HealthApi;
 
@@ -39,16 +77,15 @@ impl HealthApi {
         &self,
         service: Data<&Service>,
         verifier: Data<&Arc<Verifier>>,
+        readiness: Data<&Arc<Readiness>>,
     ) -> ReadyResponse {
         if !verifier.is_ready() {
             return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
         }
-        match db::ping(service.db()).await {
-            Ok(()) => ReadyResponse::Ready(PlainText("ready")),
-            Err(why) => {
-                tracing::warn!(error = %why, "readiness probe failed");
-                ReadyResponse::NotReady(PlainText("database unreachable"))
-            }
+        if readiness.database_answers(&service).await {
+            ReadyResponse::Ready(PlainText("ready"))
+        } else {
+            ReadyResponse::NotReady(PlainText("database unreachable"))
         }
     }
 }

@@ -2,7 +2,6 @@
 //! in `api::routes` (outermost first):
 //!
 //! - [`access_log`]: the request id, the HTTP metrics and the one log line per request;
-//! - [`shed_load`]: the cap on requests in flight, before any authentication work;
 //! - [`limit_body`]: the URI and body limits and the body's deadline, before any
 //!   handler reads the body;
 //! - [`errors_as_problems`]: every error (ours, poem's, poem-openapi's) as problem+json;
@@ -17,7 +16,6 @@ use poem::{
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use poem_openapi::error::{ParseParamError, ParsePathError};
-use tokio::sync::Semaphore;
 
 use super::{
     problem::{FieldError, Kind, Problem},
@@ -82,28 +80,6 @@ pub async fn errors_as_problems<E: Endpoint>(
             problem.to_response(Some(&path))
         }
     })
-}
-
-/// Sheds load beyond `in_flight` requests with 503 and `Retry-After`, before any
-/// authentication work. Probes and metrics are exempt: an orchestrator must still see
-/// the process alive while it sheds.
-pub async fn shed_load<E: Endpoint>(
-    in_flight: Arc<Semaphore>,
-    inner: Arc<E>,
-    req: Request,
-) -> poem::Result<Response> {
-    let exempt = Route::of_path(req.uri().path()).is_probe();
-    let _permit = match in_flight.try_acquire_owned() {
-        Ok(permit) => Some(permit),
-        Err(_) if exempt => None,
-        Err(_) => {
-            let problem = Problem::new(Kind::ServiceUnavailable)
-                .with_detail("the server is at capacity; retry shortly")
-                .with_header(header::RETRY_AFTER, HeaderValue::from(1));
-            return Ok(problem.to_response(Some(req.uri().path())));
-        }
-    };
-    inner.call(req).await.map(IntoResponse::into_response)
 }
 
 /// Refuses request targets over [`MAX_URI_BYTES`] (414) and bodies over

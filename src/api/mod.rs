@@ -85,11 +85,12 @@ pub fn routes(
     with_metrics: bool,
 ) -> impl Endpoint + use<> {
     let api = service();
+    // The Swagger UI as one page (its scripts, styles and the spec inline), built once.
+    let docs = bytes::Bytes::from(api.swagger_ui_html());
     let mut route = Route::new();
     if with_metrics {
         route = route.at("/metrics", metrics_endpoint());
     }
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight));
     let mcp = mcp::Mcp::new(app.clone(), shared, config.http.mcp_allowed_origins.clone());
     route
         .at("/mcp", mcp)
@@ -99,16 +100,27 @@ pub fn routes(
         )
         .at("/openapi.json", spec::json_endpoint())
         .at("/openapi.yaml", spec::yaml_endpoint())
-        .nest("/docs", api.swagger_ui())
+        .at("/docs", docs_page(docs.clone()))
+        .at("/docs/", docs_page(docs))
         .nest("/", api)
         .data(app)
+        .data(Arc::new(health::Readiness::default()))
         .data(shared.verifier.clone())
         .data(shared.limiter.clone())
         .with(CatchPanic::new().with_handler(middleware::panic_response))
         .around(middleware::errors_as_problems)
         .around(middleware::limit_body)
-        .around(move |inner, req| middleware::shed_load(in_flight.clone(), inner, req))
         .around(middleware::access_log)
+}
+
+/// `GET /docs`: a page built once; every request shares its bytes instead of copying
+/// them, so the docs cost no more than serving a fixed page.
+fn docs_page(page: bytes::Bytes) -> impl Endpoint {
+    poem::get(poem::endpoint::make_sync(move |_| {
+        poem::Response::builder()
+            .content_type("text/html; charset=utf-8")
+            .body(page.clone())
+    }))
 }
 
 /// What `orderd relay` serves: metrics and liveness.

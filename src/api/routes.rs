@@ -1,7 +1,7 @@
 //! The route table: every path template the server answers, with the methods it
-//! takes and whether it is a probe. The `route` label of the HTTP metrics, the
-//! tenant limits' `route`, the `Allow` header of a 405 and load shedding's exemptions
-//! all read this one table, so a new route is one row here.
+//! takes. The `route` label of the HTTP metrics, the tenant limits' `route`, the
+//! `Allow` header of a 405 and the log's transport all read this one table, so a new
+//! route is one row here.
 
 use crate::metrics::label_enum;
 
@@ -55,12 +55,6 @@ impl Route {
             Route::Unmatched => "",
             _ => "GET, HEAD",
         }
-    }
-
-    /// Probes and metrics: answered even while the server sheds load, so that an
-    /// orchestrator still sees the process alive.
-    pub fn is_probe(self) -> bool {
-        matches!(self, Route::Healthz | Route::Readyz | Route::Metrics)
     }
 
     /// The transport the route belongs to, for the request log line.

@@ -216,6 +216,11 @@ async fn serve_connection(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
+        // hyper's own head deadline (30 s unless told otherwise, once a timer is set)
+        // would also cut a kept-alive connection waiting for its next head, silently
+        // capping `ORDERD_HTTP_IDLE_TIMEOUT_MS`; the deadlines of this module decide
+        // both the read and the idle limit instead.
+        .header_read_timeout(None)
         .keep_alive(true)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_header_size(MAX_HEADER_BYTES)

@@ -106,7 +106,8 @@ impl Jwks {
             ))
     }
 
-    /// Fetches the set; on failure keeps the last good one and says why in the log.
+    /// Fetches the set; on failure, or when the set holds no usable key, keeps the last
+    /// good one and says why in the log.
     pub async fn refresh(&self) -> bool {
         match self.fetch().await {
             Ok(keys) => {
@@ -140,7 +141,16 @@ impl Jwks {
         .map_err(|e| e.to_string())?
         .to_bytes();
         let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
-        Ok(usable_keys(&set))
+        let keys = usable_keys(&set);
+        // A provider mid-deploy, or a proxy answering for it, can serve an empty or
+        // foreign set: taking it would turn every token away until the next fetch.
+        if keys.is_empty() {
+            return Err(format!(
+                "the set holds no usable signing key ({} keys in all)",
+                set.keys.len()
+            ));
+        }
+        Ok(keys)
     }
 }
 

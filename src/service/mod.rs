@@ -12,6 +12,8 @@ pub mod view;
 
 use std::sync::Arc;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use chrono::{DateTime, Datelike, Utc};
 use serde::Serialize;
@@ -142,11 +144,30 @@ fn refusal(problem: &Problem, instance: String) -> StoredResponse {
 pub struct Service {
     db: Db,
     guard: Guard,
+    /// Operations doing work at once (`ORDERD_HTTP_MAX_IN_FLIGHT`). Taken here, when an
+    /// operation starts, so that only requests whose token verified, that passed their
+    /// tenant's limits and whose body has arrived hold a place: a client that has not
+    /// authenticated, or sends slowly, can never take capacity from one that has.
+    capacity: Arc<Semaphore>,
 }
 
 impl Service {
-    pub fn new(db: Db, guard: Guard) -> Self {
-        Self { db, guard }
+    pub fn new(db: Db, guard: Guard, max_in_flight: usize) -> Self {
+        Self {
+            db,
+            guard,
+            capacity: Arc::new(Semaphore::new(max_in_flight)),
+        }
+    }
+
+    /// A place among the operations in flight, or 503 at once: a full process sheds
+    /// rather than queues, so a client's retry finds a process that has room.
+    fn admit(&self) -> Result<OwnedSemaphorePermit, Problem> {
+        self.capacity.clone().try_acquire_owned().map_err(|_| {
+            Problem::new(Kind::ServiceUnavailable)
+                .with_detail("the server is at capacity; retry shortly")
+                .with_header(http::header::RETRY_AFTER, http::HeaderValue::from(1))
+        })
     }
 
     /// The database, for the readiness probe.
@@ -162,6 +183,7 @@ impl Service {
         new: NewOrder,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
+        let _place = self.admit()?;
         let scope = Scope {
             tenant: caller.tenant(),
             endpoint: Endpoint::CreateOrder.as_str(),
@@ -195,6 +217,7 @@ impl Service {
         id: Uuid,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
+        let _place = self.admit()?;
         let tenant = caller.tenant();
         let scope = Scope {
             tenant,
@@ -227,6 +250,7 @@ impl Service {
     /// Another tenant's order does not exist for the caller (404, never 403).
     pub async fn get(&self, caller: &Caller, id: Uuid) -> Result<Reply, Problem> {
         caller.require(SCOPE_READ)?;
+        let _place = self.admit()?;
         let tenant = caller.tenant();
         let found = self
             .db
@@ -253,6 +277,7 @@ impl Service {
                 &format!("must be a whole number from 1 to {LIMIT_MAX}"),
             ));
         }
+        let _place = self.admit()?;
         // An empty `after` is no position at all: the first page.
         let after = after
             .filter(|a| !a.is_empty())

@@ -31,6 +31,7 @@ pub use self::tools::{OrderTools, tools};
 use super::{
     Shared,
     auth::{authenticate, bearer_token},
+    limits::TenantLimiter,
     problem::{Kind, Problem},
     routes::Route,
 };
@@ -46,6 +47,7 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 pub struct Mcp {
     service: StreamableHttpService<OrderTools, NeverSessionManager>,
     verifier: Arc<crate::auth::Verifier>,
+    limiter: Arc<TenantLimiter>,
     allowed_origins: Arc<Vec<String>>,
 }
 
@@ -68,6 +70,7 @@ impl Mcp {
                 config,
             ),
             verifier: shared.verifier.clone(),
+            limiter: shared.limiter.clone(),
             allowed_origins: Arc::new(allowed_origins),
         }
     }
@@ -95,6 +98,15 @@ impl Mcp {
             .into_bytes()
             .await
             .map_err(|e| Problem::new(Kind::ValidationError).with_detail(e.to_string()))?;
+        // Every MCP request counts against the caller's tenant limits. A tool call is
+        // admitted by the tool itself, which answers a refusal as a tool result the
+        // model can read; everything else (initialize, listings, pings, notifications)
+        // is admitted here and refused as HTTP 429.
+        let _admission = if is_tool_call(&bytes) {
+            None
+        } else {
+            Some(self.limiter.admit(caller.tenant(), Route::Mcp).await?)
+        };
         let mut http_req = http::Request::builder()
             .method(parts.method)
             .uri(parts.uri)
@@ -128,6 +140,16 @@ impl Mcp {
         }
         Ok(response)
     }
+}
+
+/// Whether a request body is a JSON-RPC `tools/call`.
+fn is_tool_call(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Method>(body).is_ok_and(|m| m.method.as_deref() == Some("tools/call"))
 }
 
 /// A 401 whose challenge names the protected-resource metadata.

@@ -11,7 +11,7 @@ use tokio::{
 };
 use uuid::Uuid;
 
-use crate::support::{KillOnDrop, SECRET, TestApp, TestDb, spawn_app_with};
+use crate::support::{KillOnDrop, SECRET, TestApp, TestDb, new_key, spawn_app_with};
 
 /// Short timeouts so the tests see them act.
 const FAST: &[(&str, &str)] = &[
@@ -133,6 +133,25 @@ async fn a_kept_alive_connection_serves_again_and_is_closed_once_idle_too_long()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_timeout_above_thirty_seconds_is_honoured_as_set() {
+    // A library default once closed idle connections at 30 s whatever was configured.
+    let app = spawn_app_with(&[("ORDERD_HTTP_IDLE_TIMEOUT_MS", "45000")]).await;
+    let mut conn = connect(&app).await;
+    let request = b"GET /healthz HTTP/1.1\r\nHost: orderd\r\n\r\n";
+    for pause in [Duration::ZERO, Duration::from_secs(33)] {
+        tokio::time::sleep(pause).await;
+        conn.write_all(request).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "after {pause:?} idle the same connection still answers: {}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_protocol_layer_refuses_is_problem_json() {
     let app = spawn_app_with(&[]).await;
     let long_target = format!("/v1/orders?after={}", "a".repeat(9000));
@@ -179,33 +198,92 @@ async fn what_the_protocol_layer_refuses_is_problem_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beyond_the_in_flight_cap_requests_are_shed_with_503_before_authentication() {
+async fn clients_without_a_token_or_with_a_body_still_arriving_hold_no_capacity() {
     let app = spawn_app_with(&[("ORDERD_HTTP_MAX_IN_FLIGHT", "2")]).await;
     let token = app.token(Uuid::new_v4());
-    // Two requests whose bodies are still arriving hold the two places.
-    let mut holders = Vec::new();
-    for i in 0..2 {
+    // Thirty clients without a token announce a 60,000-byte body and trickle it; two
+    // with a token do the same.
+    let mut tricklers = Vec::new();
+    for i in 0..32 {
         let mut conn = connect(&app).await;
+        let auth = if i < 2 {
+            format!("Authorization: Bearer {token}\r\n")
+        } else {
+            String::new()
+        };
         let head = format!(
-            "POST /v1/orders HTTP/1.1\r\nHost: o\r\nAuthorization: Bearer {token}\r\n\
-             Idempotency-Key: holder-key-00000000{i}\r\nContent-Type: application/json\r\n\
-             Content-Length: 50\r\n\r\n{{"
+            "POST /v1/orders HTTP/1.1\r\nHost: o\r\n{auth}\
+             Idempotency-Key: trickle-key-00000{i:03}\r\nContent-Type: application/json\r\n\
+             Content-Length: 60000\r\n\r\n{{"
         );
         conn.write_all(head.as_bytes()).await.unwrap();
-        holders.push(conn);
+        tricklers.push(conn);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // No token at all: a 503, not a 401, so no authentication work was done.
-    let shed = app
-        .client
-        .get(format!("{}/v1/orders", app.base))
-        .send()
+    // Twenty authenticated requests, two at a time, all served.
+    let body = crate::support::order_body("CAP-1", 1);
+    for round in 0..10 {
+        let key = format!("served-key-{round:06}-a");
+        let (a, b) = tokio::join!(
+            app.create(&token, &key, &body),
+            app.get(&token, "/v1/orders")
+        );
+        assert_eq!((a.status, b.status), (201, 200), "round {round}");
+    }
+    drop(tricklers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_in_flight_cap_authenticated_work_is_shed_with_503() {
+    let app = spawn_app_with(&[("ORDERD_HTTP_MAX_IN_FLIGHT", "2")]).await;
+    let token = app.token(Uuid::new_v4());
+    let created = app
+        .create(&token, &new_key(), &crate::support::order_body("CAP-2", 1))
+        .await;
+    let id = created.json()["id"].as_str().unwrap().to_string();
+    // Two cancels of an order whose row another transaction holds: they hold both places.
+    let mut lock = app.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM orders WHERE id = $1::uuid FOR UPDATE")
+        .bind(&id)
+        .execute(&mut *lock)
         .await
         .unwrap();
-    assert_eq!(shed.status(), 503);
-    assert_eq!(shed.headers()["retry-after"], "1");
-    let body: Value = shed.json().await.unwrap();
-    assert_eq!(body["type"], "/problems/service-unavailable");
+    let stalled: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, base, token, id) = (
+                app.client.clone(),
+                app.base.clone(),
+                token.clone(),
+                id.clone(),
+            );
+            tokio::spawn(async move {
+                client
+                    .post(format!("{base}/v1/orders/{id}/cancel"))
+                    .bearer_auth(token)
+                    .header("Idempotency-Key", new_key())
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    // Both wait on the row lock: both places are held.
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        if waiting == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let shed = app.get(&token, "/v1/orders").await;
+    shed.assert_problem(503, "service-unavailable");
+    assert_eq!(shed.header("retry-after").as_deref(), Some("1"));
     // Probes still answer.
     let health = app
         .client
@@ -214,7 +292,12 @@ async fn beyond_the_in_flight_cap_requests_are_shed_with_503_before_authenticati
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    drop(holders);
+    lock.rollback().await.unwrap();
+    for cancel in stalled {
+        assert_eq!(cancel.await.unwrap().status(), 200);
+    }
+    assert_eq!(app.get(&token, "/v1/orders").await.status, 200);
+    assert_eq!(app.event_types().await, ["OrderCreated", "OrderCancelled"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,9 +29,16 @@ fn token(alg: Algorithm, kid: &str, key: &str, tenant: Uuid) -> String {
     let mut header = Header::new(alg);
     header.kid = Some(kid.to_string());
     let exp = chrono::Utc::now().timestamp() + 600;
-    let claims = json!({"tenant_id": tenant, "sub": "jwks-test", "exp": exp, "scope": "orders:read orders:write"});
+    let claims = json!({
+        "tenant_id": tenant, "sub": "jwks-test", "exp": exp, "scope": "orders:read orders:write",
+        "iss": ISSUER, "aud": AUDIENCE,
+    });
     jsonwebtoken::encode(&header, &claims, &key).unwrap()
 }
+
+/// What a key set needs beside its URL: this service's tokens name it as their audience.
+const ISSUER: &str = "https://idp.test/";
+const AUDIENCE: &str = "orderd";
 
 async fn status(app: &TestApp, token: &str) -> u16 {
     app.get(token, "/v1/orders").await.status
@@ -43,6 +50,8 @@ async fn app_with(url: &str) -> TestApp {
         &[
             ("ORDERD_JWT_HS256_SECRET", ""),
             ("ORDERD_JWT_JWKS_URL", url),
+            ("ORDERD_JWT_ISSUER", ISSUER),
+            ("ORDERD_JWT_AUDIENCE", AUDIENCE),
         ],
     )
     .await
@@ -56,17 +65,20 @@ async fn provider_and_ready_app() -> (JwksServer, TestApp) {
     (provider, app)
 }
 
+/// The status of `/readyz`.
+async fn readyz(app: &TestApp) -> u16 {
+    let reply = app
+        .client
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    reply.status().as_u16()
+}
+
 async fn until_ready(app: &TestApp) {
     for _ in 0..200 {
-        if app
-            .client
-            .get(format!("{}/readyz", app.base))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 200
-        {
+        if readyz(app).await == 200 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -161,6 +173,37 @@ async fn a_withdrawn_key_stops_verifying_tokens_already_seen() {
     );
 }
 
+/// A set that holds no usable key (empty, or only keys orderd cannot use) never
+/// replaces the last good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_or_unusable_key_set_keeps_the_last_good_one() {
+    let (provider, app) = provider_and_ready_app().await;
+    let tenant = Uuid::new_v4();
+    let good = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
+    assert_eq!(status(&app, &good).await, 200);
+    let unusable = r#"{"keys": [{"kty": "oct", "kid": "shared", "k": "c2VjcmV0"}]}"#;
+    for set in [r#"{"keys": []}"#, unusable] {
+        provider.set(200, set);
+        // An unknown kid makes orderd fetch the set again (once the throttle allows).
+        let fetches = provider.fetches();
+        let unknown = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
+        for _ in 0..40 {
+            assert_eq!(status(&app, &unknown).await, 401);
+            if provider.fetches() > fetches {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(provider.fetches() > fetches, "the set was fetched again");
+        assert_eq!(
+            status(&app, &good).await,
+            200,
+            "the last good set still verifies"
+        );
+    }
+    assert_eq!(readyz(&app).await, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     // A port with nobody listening yet.
@@ -171,13 +214,7 @@ async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     let app = app_with(&url).await;
     let tenant = Uuid::new_v4();
     let good = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
-    let ready = app
-        .client
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 503);
+    assert_eq!(readyz(&app).await, 503);
     assert_eq!(status(&app, &good).await, 401);
 
     let listener = tokio::net::TcpListener::bind(address).await.unwrap();

@@ -15,13 +15,19 @@ use rmcp::{
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{TestApp, new_key, order_body, sample, spawn_app, spawn_app_with};
+use crate::support::{
+    ServeProcess, TestApp, TestDb, new_key, order_body, sample, spawn_app, spawn_app_with,
+};
 
 type Client = RunningService<rmcp::RoleClient, ()>;
 
 /// An MCP session with orderd as the holder of `token`.
 async fn connect(app: &TestApp, token: &str) -> Client {
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base))
+    connect_at(&app.base, token).await
+}
+
+async fn connect_at(base: &str, token: &str) -> Client {
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"))
         .auth_header(token.to_string());
     ().serve(StreamableHttpClientTransport::from_config(config))
         .await
@@ -483,10 +489,10 @@ async fn fifty_concurrent_tool_calls_with_one_request_id_make_one_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest() {
+async fn tool_calls_count_like_rest_and_are_refused_as_tool_results() {
     let app = spawn_app_with(&[
         ("ORDERD_TENANT_RATE_PER_SEC", "1"),
-        ("ORDERD_TENANT_BURST", "2"),
+        ("ORDERD_TENANT_BURST", "4"),
     ])
     .await;
     let created = |text: &str| {
@@ -498,12 +504,7 @@ async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest(
     };
     let before = created(&orderd::metrics::install(&orderd::api::known_labels()).render());
     let token = app.token(Uuid::new_v4());
-    // Handshakes and listings are not tool calls: they cost nothing.
-    for _ in 0..4 {
-        let client = connect(&app, &token).await;
-        client.list_all_tools().await.unwrap();
-        client.cancel().await.unwrap();
-    }
+    // The handshake is two requests (initialize, then the initialized notification).
     let client = connect(&app, &token).await;
     for _ in 0..2 {
         let ok = call(
@@ -526,5 +527,78 @@ async fn the_tenant_limit_counts_tool_calls_only_and_tool_calls_count_like_rest(
     assert_eq!(app.count("idempotency_record").await, 2);
     assert!(
         created(&orderd::metrics::install(&orderd::api::known_labels()).render()) >= before + 2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_and_listings_count_against_the_tenant_limit_too() {
+    let app = spawn_app_with(&[
+        ("ORDERD_TENANT_RATE_PER_SEC", "1"),
+        ("ORDERD_TENANT_BURST", "3"),
+    ])
+    .await;
+    let token = app.token(Uuid::new_v4());
+    // Initialize and the initialized notification, then one listing: the burst of 3.
+    let client = connect(&app, &token).await;
+    client.list_all_tools().await.unwrap();
+    assert!(
+        client.list_all_tools().await.is_err(),
+        "a fourth request in the same second is refused"
+    );
+    // Over plain HTTP the refusal is the usual 429 with its fields; another tenant is
+    // not touched by it.
+    let ping = |token: String| {
+        app.client
+            .post(format!("{}/mcp", app.base))
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#)
+            .send()
+    };
+    let refused = crate::support::Reply::read(ping(token).await.unwrap()).await;
+    refused.assert_problem(429, "rate-limited");
+    assert!(refused.header("retry-after").is_some());
+    let other = ping(app.token(Uuid::new_v4())).await.unwrap();
+    assert_ne!(other.status(), 429);
+    let metrics = orderd::metrics::install(&orderd::api::known_labels()).render();
+    assert!(
+        sample(&metrics, r#"rate_limited_requests_total{route="/mcp"}"#).unwrap_or(0.0) >= 2.0,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_name_with_a_newline_cannot_start_a_log_line() {
+    let db = TestDb::new().await;
+    let serve = ServeProcess::start(&db, &[("ORDERD_LOG_FORMAT", "text".to_string())]);
+    let client = connect_at(&serve.base, &serve.token(Uuid::new_v4())).await;
+    let forged = "list_orders\nFORGED-LINE level=ERROR the database is gone";
+    let result = call(&client, forged, json!({})).await;
+    assert_eq!(problem(&result)["status"], 404, "no such tool");
+    let marker = call(&client, "get_order", json!({"order_id": Uuid::nil()})).await;
+    assert_eq!(problem(&marker)["status"], 404);
+    // The second call's log line follows the first's: once it is there, so is the first.
+    for _ in 0..100 {
+        if serve
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("tool=get_order"))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let logs = serve.logs.lock().unwrap().clone();
+    let line = logs
+        .iter()
+        .find(|l| l.contains("tool call") && l.contains("FORGED-LINE"))
+        .expect("the refused call is logged");
+    assert!(line.contains("tool=list_orders\\nFORGED-LINE"), "{line}");
+    assert!(
+        logs.iter().all(|l| !l.starts_with("FORGED-LINE")),
+        "no line starts with the client's text: {logs:#?}"
     );
 }

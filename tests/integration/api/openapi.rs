@@ -71,18 +71,7 @@ async fn swagger_ui_and_probes_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_when_the_database_is_gone() {
     let app = spawn_app().await;
-    // Forbid new connections to this database and terminate the existing ones.
-    let mut admin = sqlx::PgConnection::connect(&crate::support::admin_url())
-        .await
-        .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        r#"ALTER DATABASE "{0}" WITH ALLOW_CONNECTIONS false;
-           SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';"#,
-        app.db.name
-    )))
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    let _gone = cut_off(&app.db.name).await;
     let reply = Reply::read(
         app.client
             .get(format!("{}/readyz", app.base))
@@ -104,4 +93,82 @@ async fn readyz_is_503_when_the_database_is_gone() {
         healthz.status, 200,
         "liveness does not depend on the database"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_readiness_probes_costs_one_database_check_per_interval() {
+    let db = crate::support::TestDb::new().await;
+    let serve = crate::support::ServeProcess::start(&db, &[]);
+    let gone = cut_off(&db.name).await;
+    let client = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let status = client
+            .get(format!("{}/readyz", serve.base))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 503);
+    }
+    let elapsed = started.elapsed();
+    // Every check that fails logs one line; a check per probe would log twenty. The
+    // lines reach the test through a reader thread: give the first a moment.
+    let failed_checks = || {
+        serve
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line.contains("readiness probe failed"))
+            .count() as u64
+    };
+    for _ in 0..100 {
+        if failed_checks() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let checks = failed_checks();
+    assert!(
+        (1..=1 + elapsed.as_secs()).contains(&checks),
+        "{checks} database checks for 20 probes in {elapsed:?}"
+    );
+    gone.restore().await;
+}
+
+/// The database `name` made unreachable: new connections forbidden, the open ones
+/// terminated, until [`CutOff::restore`].
+async fn cut_off(name: &str) -> CutOff {
+    let mut admin = sqlx::PgConnection::connect(&crate::support::admin_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false;
+           SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}';"#
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    CutOff {
+        admin,
+        name: name.to_string(),
+    }
+}
+
+struct CutOff {
+    admin: sqlx::PgConnection,
+    name: String,
+}
+
+impl CutOff {
+    async fn restore(mut self) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            r#"ALTER DATABASE "{}" WITH ALLOW_CONNECTIONS true"#,
+            self.name
+        )))
+        .execute(&mut self.admin)
+        .await
+        .unwrap();
+    }
 }

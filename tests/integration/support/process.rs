@@ -50,6 +50,11 @@ impl ServeProcess {
                             .unwrap_or_default()
                             .to_string(),
                     );
+                } else if line.contains("orderd listening")
+                    && let Some((_, rest)) = line.split_once("address=")
+                {
+                    // Text logs (`ORDERD_LOG_FORMAT=text`).
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
                 }
                 sink.lock().unwrap().push(line);
             }
