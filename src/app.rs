@@ -171,7 +171,11 @@ impl Application {
         tracing::info!(address = %self.address, "orderd listening");
         let shared = api::Shared::new(self.verifier, &self.config);
         spawn_auth_jobs(&supervisor, &shared);
-        let routes = api::routes(service, &shared, &self.config, !metrics_apart);
+        let public_url = match &self.config.http.public_url {
+            Some(url) => url.clone(),
+            None => format!("http://{}", self.address),
+        };
+        let routes = api::routes(service, &shared, &self.config, &public_url, !metrics_apart);
         let served = api::server::serve(
             self.listener,
             routes,

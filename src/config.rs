@@ -82,6 +82,7 @@ mod table {
     setting!(TENANT_RATE_PER_SEC, "ORDERD_TENANT_RATE_PER_SEC", Some("500"), range(0, 1_000_000), "per-tenant token bucket refill rate on the API and MCP paths, per process; `0` turns the limit off");
     setting!(TENANT_BURST, "ORDERD_TENANT_BURST", Some("1000"), range(1, 10_000_000), "per-tenant token bucket size");
     setting!(TENANT_MAX_IN_FLIGHT, "ORDERD_TENANT_MAX_IN_FLIGHT", Some("8"), range(1, 10_000), "requests of one tenant doing database work at once, per process; more wait their turn (up to 2 s, then 429)");
+    setting!(PUBLIC_URL, "ORDERD_PUBLIC_URL", None, Kind::Text, "the URL clients reach this service at (`https://orders.example.com`), as the MCP authorization metadata advertises it; default `http://` and the bound address; a request's `Host` is never used for it");
     setting!(MCP_ALLOWED_ORIGINS, "ORDERD_MCP_ALLOWED_ORIGINS", None, Kind::Text, "comma-separated browser origins (`https://app.example.com`) allowed to call `/mcp`; a request with any other `Origin` is refused 403");
     setting!(DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own, and LISTEN and migrations one each");
     setting!(DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle");
@@ -106,7 +107,7 @@ mod table {
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
         &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
-        &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &MCP_ALLOWED_ORIGINS,
+        &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &PUBLIC_URL, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
         &WORKER_THREADS, &LOG_FORMAT,
         &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_PARALLEL_ROUNDS, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
@@ -327,6 +328,9 @@ pub struct HttpConfig {
     pub metrics_bind: Option<String>,
     /// Browser origins allowed to call `/mcp`.
     pub mcp_allowed_origins: Vec<String>,
+    /// Where clients reach the service, without a trailing `/`; `None`: the bound
+    /// address over `http`.
+    pub public_url: Option<String>,
 }
 
 /// What one tenant may use of one process.
@@ -430,6 +434,18 @@ impl Config {
                     .map(|o| o.trim().trim_end_matches('/').to_string())
                     .filter(|o| !o.is_empty())
                     .collect(),
+                public_url: match env.text(&PUBLIC_URL) {
+                    Some(url) if url.starts_with("https://") || url.starts_with("http://") => {
+                        Some(url.trim_end_matches('/').to_string())
+                    }
+                    Some(url) => {
+                        return Err(ConfigError::new(format!(
+                            "{} must be an http:// or https:// URL, not `{url}`",
+                            PUBLIC_URL.name
+                        )));
+                    }
+                    None => None,
+                },
             },
             tenant_limits: TenantLimits {
                 rate_per_sec: Some(env.number(&TENANT_RATE_PER_SEC)? as u32).filter(|&r| r > 0),

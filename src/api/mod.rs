@@ -77,11 +77,13 @@ impl Shared {
 }
 
 /// The whole HTTP surface of `orderd serve`, with its middleware; `/metrics` only when
-/// `with_metrics` (else it is served on a listener of its own).
+/// `with_metrics` (else it is served on a listener of its own). `public_url` is where
+/// clients reach the service (`ORDERD_PUBLIC_URL`, else the bound address).
 pub fn routes(
     app: Service,
     shared: &Shared,
     config: &Config,
+    public_url: &str,
     with_metrics: bool,
 ) -> impl Endpoint + use<> {
     let api = service();
@@ -91,12 +93,17 @@ pub fn routes(
     if with_metrics {
         route = route.at("/metrics", metrics_endpoint());
     }
-    let mcp = mcp::Mcp::new(app.clone(), shared, config.http.mcp_allowed_origins.clone());
+    let mcp = mcp::Mcp::new(
+        app.clone(),
+        shared,
+        config.http.mcp_allowed_origins.clone(),
+        public_url.into(),
+    );
     route
         .at("/mcp", mcp)
         .at(
             mcp::METADATA_PATH,
-            mcp::metadata_endpoint(config.jwt.issuer.clone()),
+            mcp::metadata_endpoint(config.jwt.issuer.clone(), public_url),
         )
         .at("/openapi.json", spec::json_endpoint())
         .at("/openapi.yaml", spec::yaml_endpoint())

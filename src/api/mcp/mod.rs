@@ -49,10 +49,17 @@ pub struct Mcp {
     verifier: Arc<crate::auth::Verifier>,
     limiter: Arc<TenantLimiter>,
     allowed_origins: Arc<Vec<String>>,
+    /// Where clients reach the service, as the 401 challenge names the metadata.
+    public_url: Arc<str>,
 }
 
 impl Mcp {
-    pub fn new(service: service::Service, shared: &Shared, allowed_origins: Vec<String>) -> Self {
+    pub fn new(
+        service: service::Service,
+        shared: &Shared,
+        allowed_origins: Vec<String>,
+        public_url: Arc<str>,
+    ) -> Self {
         let tools = OrderTools {
             service,
             limiter: shared.limiter.clone(),
@@ -72,6 +79,7 @@ impl Mcp {
             verifier: shared.verifier.clone(),
             limiter: shared.limiter.clone(),
             allowed_origins: Arc::new(allowed_origins),
+            public_url,
         }
     }
 
@@ -88,10 +96,10 @@ impl Mcp {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let token = bearer_token(header).map_err(|e| challenge(&req, e))?;
+        let token = bearer_token(header).map_err(|e| challenge(&self.public_url, e))?;
         let caller = authenticate(&self.verifier, token)
             .await
-            .map_err(|e| challenge(&req, e))?;
+            .map_err(|e| challenge(&self.public_url, e))?;
 
         let (parts, body) = req.into_parts();
         let bytes = body
@@ -152,9 +160,10 @@ fn is_tool_call(body: &[u8]) -> bool {
     serde_json::from_slice::<Method>(body).is_ok_and(|m| m.method.as_deref() == Some("tools/call"))
 }
 
-/// A 401 whose challenge names the protected-resource metadata.
-fn challenge(req: &Request, err: AuthError) -> Problem {
-    let metadata = format!("{}{METADATA_PATH}", base_url(req));
+/// A 401 whose challenge names the protected-resource metadata, at the configured
+/// public URL (never one built from the request's `Host`, which a client chooses).
+fn challenge(public_url: &str, err: AuthError) -> Problem {
+    let metadata = format!("{public_url}{METADATA_PATH}");
     let mut problem = Problem::from(err);
     let value = format!(r#"Bearer error="invalid_token", resource_metadata="{metadata}""#);
     if let Ok(value) = HeaderValue::from_str(&value) {
@@ -164,23 +173,6 @@ fn challenge(req: &Request, err: AuthError) -> Problem {
         problem = problem.with_header(header::WWW_AUTHENTICATE, value);
     }
     problem
-}
-
-/// `scheme://host` as the client reached this server (`X-Forwarded-Proto` from a TLS
-/// proxy in front, else http).
-fn base_url(req: &Request) -> String {
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("localhost");
-    let scheme = req
-        .headers()
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .filter(|p| *p == "https" || *p == "http")
-        .unwrap_or("http");
-    format!("{scheme}://{host}")
 }
 
 impl Endpoint for Mcp {
@@ -197,10 +189,11 @@ impl Endpoint for Mcp {
 
 /// `GET /.well-known/oauth-protected-resource`: RFC 9728 metadata of the `/mcp`
 /// resource: where tokens come from (the configured issuer) and which scopes exist.
-pub fn metadata_endpoint(issuer: Option<String>) -> impl Endpoint {
-    poem::get(poem::endpoint::make_sync(move |req: Request| {
+pub fn metadata_endpoint(issuer: Option<String>, public_url: &str) -> impl Endpoint + use<> {
+    let resource = format!("{public_url}/mcp");
+    poem::get(poem::endpoint::make_sync(move |_: Request| {
         let mut metadata = json!({
-            "resource": format!("{}/mcp", base_url(&req)),
+            "resource": resource,
             "scopes_supported": [SCOPE_READ, SCOPE_WRITE],
             "bearer_methods_supported": ["header"],
             "resource_name": "orderd",

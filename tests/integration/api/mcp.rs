@@ -569,6 +569,51 @@ async fn handshakes_and_listings_count_against_the_tenant_limit_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_advertised_resource_comes_from_configuration_never_from_the_host_header() {
+    for (settings, want) in [
+        (vec![], None),
+        (
+            vec![("ORDERD_PUBLIC_URL", "https://orders.example.com/")],
+            Some("https://orders.example.com"),
+        ),
+    ] {
+        let app = spawn_app_with(&settings).await;
+        let base = want.map_or_else(|| app.base.clone(), str::to_string);
+        let refused = app
+            .client
+            .post(format!("{}/mcp", app.base))
+            .header("host", "evil.example")
+            .header("x-forwarded-proto", "https")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 401);
+        let challenge = refused.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            challenge.contains(&format!(
+                r#"resource_metadata="{base}/.well-known/oauth-protected-resource""#
+            )),
+            "{challenge}"
+        );
+        let metadata: Value = app
+            .client
+            .get(format!("{}/.well-known/oauth-protected-resource", app.base))
+            .header("host", "evil.example")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(metadata["resource"], format!("{base}/mcp"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_name_with_a_newline_cannot_start_a_log_line() {
     let db = TestDb::new().await;
     let serve = ServeProcess::start(&db, &[("ORDERD_LOG_FORMAT", "text".to_string())]);
