@@ -262,6 +262,7 @@ fn limits(config: &Config) -> Limits {
     Limits {
         read_timeout: config.http.read_timeout,
         idle_timeout: config.http.idle_timeout,
+        write_timeout: config.http.write_timeout,
         max_connections: config.http.max_connections,
     }
 }

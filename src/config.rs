@@ -76,7 +76,8 @@ mod table {
     setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("6291456"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1.5 KiB each (least recently used go first); `0` turns the cache off");
     setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
-    setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed");
+    setting!(HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed, and not before");
+    setting!(HTTP_WRITE_TIMEOUT_MS, "ORDERD_HTTP_WRITE_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a response the client has not taken in full this long after its first byte was ready is abandoned and the connection closed");
     setting!(HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most; further ones wait in the kernel's accept queue (also kept below the file-descriptor limit)");
     setting!(HTTP_MAX_IN_FLIGHT, "ORDERD_HTTP_MAX_IN_FLIGHT", Some("1024"), range(1, 1_000_000), "operations doing work at once, counted only once a request's token verified, its tenant's limits admitted it and its body arrived; beyond it, 503 with `Retry-After`");
     setting!(TENANT_RATE_PER_SEC, "ORDERD_TENANT_RATE_PER_SEC", Some("500"), range(0, 1_000_000), "per-tenant token bucket refill rate on the API and MCP paths, per process; `0` turns the limit off");
@@ -106,7 +107,7 @@ mod table {
         &DATABASE_URL, &DATABASE_DIRECT_URL, &DB_POOLER, &BIND, &METRICS_BIND, &MIGRATE,
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
         &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES,
-        &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
+        &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_WRITE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &PUBLIC_URL, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
         &WORKER_THREADS, &LOG_FORMAT,
@@ -319,6 +320,8 @@ pub struct HttpConfig {
     pub read_timeout: Duration,
     /// A keep-alive connection idle this long is closed.
     pub idle_timeout: Duration,
+    /// A response not taken in full this long after its first byte is abandoned.
+    pub write_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
     /// Requests being handled at once at most.
@@ -421,6 +424,7 @@ impl Config {
             http: HttpConfig {
                 read_timeout: env.millis(&HTTP_READ_TIMEOUT_MS)?,
                 idle_timeout: env.millis(&HTTP_IDLE_TIMEOUT_MS)?,
+                write_timeout: env.millis(&HTTP_WRITE_TIMEOUT_MS)?,
                 max_connections: env.number(&HTTP_MAX_CONNECTIONS)? as usize,
                 max_in_flight: env.number(&HTTP_MAX_IN_FLIGHT)? as usize,
                 metrics_bind: match env.text(&METRICS_BIND) {

@@ -12,8 +12,10 @@
 //! - every connection has one deadline at a time, tracked by [`Conn`]: a new connection
 //!   must deliver a whole request (head and body) within the read timeout, a request must
 //!   arrive whole within the read timeout of its first byte, and a keep-alive connection
-//!   may idle for the idle timeout. A head that misses its deadline is answered 408 and
-//!   the connection closed; a late body is answered 408 by `middleware::limit_body`;
+//!   may idle for the idle timeout; a response must be taken by the client within the
+//!   write timeout of its first byte. A head that misses its deadline is answered 408
+//!   and the connection closed; a late body is answered 408 by `middleware::limit_body`;
+//!   a response not taken in time is abandoned and the connection closed;
 //! - HTTP/1.1 only: HTTP/2 belongs behind a TLS-terminating proxy;
 //! - hyper answers a malformed or oversized head (400, 414, 431) itself, with an empty
 //!   body; [`Watched`] replaces that answer with a problem+json body.
@@ -62,6 +64,8 @@ const RESERVED_FDS: u64 = 256;
 pub struct Limits {
     pub read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// How long a response may take to be taken by the client, from its first byte.
+    pub write_timeout: Duration,
     pub max_connections: usize,
 }
 
@@ -242,7 +246,9 @@ async fn serve_connection(
                     // A late body is answered by the body middleware; this is the backstop.
                     Phase::Body => return,
                     Phase::Idle { .. } => connection.as_mut().graceful_shutdown(),
-                    Phase::Handling => {}
+                    // A client that does not take its response: abandon it and close,
+                    // so that it holds its connection slot no longer.
+                    Phase::Handling => return,
                 }
                 // Give hyper a moment to write and close; then drop the connection.
                 let _ = tokio::time::timeout(Duration::from_secs(1), &mut connection).await;
@@ -298,6 +304,8 @@ struct State {
     read_timeout: Duration,
     timed_out: bool,
     read_waker: Option<Waker>,
+    /// When the current response's first byte was handed to the socket.
+    response_started: Option<Instant>,
 }
 
 impl Conn {
@@ -311,6 +319,7 @@ impl Conn {
                 read_timeout,
                 timed_out: false,
                 read_waker: None,
+                response_started: None,
             }),
             changed: Notify::new(),
         }
@@ -325,8 +334,21 @@ impl Conn {
     }
 
     fn set(&self, phase: Phase) {
-        self.lock().phase = phase;
+        let mut state = self.lock();
+        state.phase = phase;
+        state.response_started = None;
+        drop(state);
         self.changed.notify_one();
+    }
+
+    /// A response's bytes are being written: its write deadline starts with the first.
+    fn on_write(&self) {
+        let mut state = self.lock();
+        if state.phase == Phase::Handling && state.response_started.is_none() {
+            state.response_started = Some(Instant::now());
+            drop(state);
+            self.changed.notify_one();
+        }
     }
 
     fn set_idle(&self) {
@@ -353,7 +375,12 @@ impl Conn {
             Phase::Head { since } => since + limits.read_timeout,
             // The middleware answers 408 at the read deadline; this backstop is later.
             Phase::Body => state.request_started + limits.read_timeout + Duration::from_secs(2),
-            Phase::Handling => Instant::now() + Duration::from_secs(3600),
+            // The handler's own work is bounded by the statement timeout; once the
+            // response is being written, the client has the write timeout to take it.
+            Phase::Handling => match state.response_started {
+                Some(started) => started + limits.write_timeout,
+                None => Instant::now() + Duration::from_secs(3600),
+            },
             Phase::Idle { since } => since + limits.idle_timeout,
         }
     }
@@ -463,6 +490,7 @@ impl AsyncWrite for Watched {
             std::task::ready!(this.poll_replacement(cx))?;
             return Poll::Ready(Ok(buf.len()));
         }
+        this.conn.on_write();
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 

@@ -152,6 +152,42 @@ async fn an_idle_timeout_above_thirty_seconds_is_honoured_as_set() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_their_responses_lose_their_connections_at_the_write_timeout() {
+    let app = spawn_app_with(&[
+        ("ORDERD_HTTP_WRITE_TIMEOUT_MS", "1000"),
+        ("ORDERD_HTTP_MAX_CONNECTIONS", "4"),
+    ])
+    .await;
+    // Every connection slot is taken by a client that asks for the docs page over and
+    // over, with a small receive buffer, and never reads.
+    let mut stuck = Vec::new();
+    for _ in 0..4 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut conn = socket.connect(app.address).await.unwrap();
+        let requests = "GET /docs HTTP/1.1\r\nHost: o\r\n\r\n".repeat(20);
+        conn.write_all(requests.as_bytes()).await.unwrap();
+        stuck.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A new client is served once the server abandons the responses nobody takes.
+    let health = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .expect("served once the slots are freed");
+    assert_eq!(health.status(), 200);
+    // Each stuck connection was closed by the server: reading it now ends.
+    for mut conn in stuck {
+        let rest = read_until_closed(&mut conn).await;
+        assert!(rest.is_some(), "the server closed the connection");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_protocol_layer_refuses_is_problem_json() {
     let app = spawn_app_with(&[]).await;
     let long_target = format!("/v1/orders?after={}", "a".repeat(9000));
