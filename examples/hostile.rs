@@ -10,7 +10,8 @@
 //!
 //! `slow-clients` measures normal request latency alone, then with N connections that
 //! trickle a request head one byte every two seconds, and counts how many of those the
-//! server still holds after 15 s. `noisy-neighbour` measures one tenant's create latency
+//! server still holds after 15 s. `slow-bodies` does the same with N connections that
+//! send a whole head without a token and trickle the body. `noisy-neighbour` measures one tenant's create latency
 //! alone, then while another tenant keeps N creates in flight.
 
 use std::time::{Duration, Instant};
@@ -39,6 +40,12 @@ enum Scenario {
     /// Many connections that send a request head one byte every two seconds.
     SlowClients {
         #[arg(long, default_value_t = 2000)]
+        connections: usize,
+    },
+    /// Many connections without a token that announce a 60,000-byte create body and
+    /// trickle it, one byte every two seconds.
+    SlowBodies {
+        #[arg(long, default_value_t = 1100)]
         connections: usize,
     },
     /// Another tenant keeps `flood` creates in flight.
@@ -117,6 +124,30 @@ async fn slow_connection(address: String, hold: Duration) -> bool {
     stream.write_all(b"a").await.is_ok()
 }
 
+/// Opens a connection that sends a create head without a token, announcing a large body,
+/// then trickles the body a byte every two seconds for `hold`.
+async fn slow_body(address: String, hold: Duration) -> bool {
+    let Ok(mut stream) = TcpStream::connect(&address).await else {
+        return false;
+    };
+    let head = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: orderd\r\nIdempotency-Key: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n",
+        key()
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let deadline = Instant::now() + hold;
+    while Instant::now() < deadline {
+        if stream.write_all(b" ").await.is_err() {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    true
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -154,6 +185,25 @@ async fn main() {
             println!(
                 "slow connections still held by the server after 15 s: {still_open} of {connections}"
             );
+        }
+        Scenario::SlowBodies { connections } => {
+            measure("baseline", &client, &args, 8).await;
+            let address = args.base.trim_start_matches("http://").to_string();
+            let hold = Duration::from_secs(12);
+            let slow: Vec<_> = (0..*connections)
+                .map(|_| tokio::spawn(slow_body(address.clone(), hold)))
+                .collect();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            measure(
+                &format!("with {connections} connections trickling bodies without a token"),
+                &client,
+                &args,
+                8,
+            )
+            .await;
+            for task in slow {
+                let _ = task.await;
+            }
         }
         Scenario::NoisyNeighbour { noisy_token, flood } => {
             measure("quiet tenant alone", &client, &args, 1).await;
