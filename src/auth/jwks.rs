@@ -10,6 +10,7 @@
 //!   algorithm, an RSA key without one means RS256, an EC key's curve decides ES256 or
 //!   ES384, and an Ed25519 key means EdDSA. Keys for encryption are ignored.
 
+use sha2::{Digest, Sha256};
 use std::{
     collections::HashMap,
     sync::{
@@ -51,9 +52,12 @@ pub struct Jwks {
     url: String,
     client: HttpsClient,
     keys: RwLock<Option<Arc<Keys>>>,
-    /// Counts the sets fetched, so that tokens verified under an older set are checked
-    /// again (see [`super::verified`]).
+    /// Counts the sets that changed what verifies, so that tokens verified under an
+    /// older set are checked again (see [`super::verified`]); a refresh that brings the
+    /// same keys leaves it, and the remembered tokens, alone.
     generation: AtomicU64,
+    /// The digest of the usable keys of the current set ([`usable_keys`]).
+    digest: std::sync::Mutex<Option<[u8; 32]>>,
     /// When an unknown `kid` last caused a fetch; serialises those fetches too.
     last_unknown_fetch: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -65,6 +69,7 @@ impl Jwks {
             client: https_client(),
             keys: RwLock::new(None),
             generation: AtomicU64::new(0),
+            digest: std::sync::Mutex::new(None),
             last_unknown_fetch: tokio::sync::Mutex::new(None),
         }
     }
@@ -110,9 +115,15 @@ impl Jwks {
     /// good one and says why in the log.
     pub async fn refresh(&self) -> bool {
         match self.fetch().await {
-            Ok(keys) => {
+            Ok((keys, digest)) => {
+                let mut current = self.digest.lock().unwrap_or_else(|e| e.into_inner());
+                if *current == Some(digest) {
+                    tracing::debug!("the JSON Web Key Set is unchanged");
+                    return true;
+                }
                 tracing::info!(keys = keys.len(), "fetched the JSON Web Key Set");
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(keys));
+                *current = Some(digest);
                 self.generation.fetch_add(1, Ordering::AcqRel);
                 true
             }
@@ -123,7 +134,7 @@ impl Jwks {
         }
     }
 
-    async fn fetch(&self) -> Result<Keys, String> {
+    async fn fetch(&self) -> Result<(Keys, [u8; 32]), String> {
         let uri: http::Uri = self.url.parse().map_err(|e| format!("bad URL: {e}"))?;
         let response = tokio::time::timeout(FETCH_TIMEOUT, self.client.get(uri))
             .await
@@ -141,7 +152,7 @@ impl Jwks {
         .map_err(|e| e.to_string())?
         .to_bytes();
         let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
-        let keys = usable_keys(&set);
+        let (keys, digest) = usable_keys(&set);
         // A provider mid-deploy, or a proxy answering for it, can serve an empty or
         // foreign set: taking it would turn every token away until the next fetch.
         if keys.is_empty() {
@@ -150,7 +161,7 @@ impl Jwks {
                 set.keys.len()
             ));
         }
-        Ok(keys)
+        Ok((keys, digest))
     }
 }
 
@@ -172,17 +183,29 @@ pub async fn keep_fresh(jwks: Arc<Jwks>, shutdown: CancellationToken) {
 }
 
 /// The signing keys of `set` with a `kid` and an algorithm orderd accepts.
-fn usable_keys(set: &JwkSet) -> Keys {
-    set.keys
+/// The signing keys of `set` by `kid`, and a digest of them (their JWKs, in a fixed
+/// order) that tells whether a later set verifies exactly the same tokens.
+fn usable_keys(set: &JwkSet) -> (Keys, [u8; 32]) {
+    let mut described = Vec::new();
+    let keys = set
+        .keys
         .iter()
         .filter(|jwk| !matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)))
         .filter_map(|jwk| {
             let kid = jwk.common.key_id.clone()?;
             let alg = algorithm_of(jwk)?;
             let key = DecodingKey::from_jwk(jwk).ok()?;
+            described.push(serde_json::to_string(jwk).unwrap_or_default());
             Some((kid, (alg, key)))
         })
-        .collect()
+        .collect();
+    described.sort();
+    let mut digest = Sha256::new();
+    for jwk in &described {
+        digest.update(jwk.as_bytes());
+        digest.update([0]);
+    }
+    (keys, digest.finalize().into())
 }
 
 /// The algorithm a key is used with: its `alg`, else what its type implies.
@@ -296,8 +319,26 @@ mod tests {
             {"kty": "RSA", "n": N, "e": "AQAB"}
         ]}))
         .unwrap();
-        let keys = usable_keys(&set);
+        let (keys, digest) = usable_keys(&set);
         assert_eq!(keys.len(), 1);
         assert!(keys.contains_key("sig"));
+        // Keys orderd ignores do not change what verifies.
+        let only_sig: JwkSet = serde_json::from_value(serde_json::json!({"keys": [
+            {"kty": "RSA", "n": N, "e": "AQAB", "kid": "sig"}
+        ]}))
+        .unwrap();
+        assert_eq!(usable_keys(&only_sig).1, digest);
+    }
+
+    #[test]
+    fn the_digest_follows_the_keys_not_their_order() {
+        let set = |keys: serde_json::Value| -> JwkSet {
+            serde_json::from_value(serde_json::json!({ "keys": keys })).unwrap()
+        };
+        let a = serde_json::json!({"kty": "RSA", "n": N, "e": "AQAB", "kid": "a"});
+        let b = serde_json::json!({"kty": "RSA", "n": N, "e": "AQAB", "kid": "b"});
+        let ab = usable_keys(&set(serde_json::json!([a, b]))).1;
+        assert_eq!(ab, usable_keys(&set(serde_json::json!([b, a]))).1);
+        assert_ne!(ab, usable_keys(&set(serde_json::json!([a]))).1);
     }
 }

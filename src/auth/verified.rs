@@ -8,8 +8,9 @@
 //!   stepped forward is noticed within that bound. Its deadline is on the monotonic
 //!   clock, taken before the token was checked.
 //! - **The keys.** An entry records the generation of the keys that verified it; when a
-//!   JWKS is fetched again the generation changes and the token is checked afresh, so a
-//!   key the provider withdrew stops verifying within one refresh.
+//!   JWKS fetched again holds other keys the generation changes and the token is checked
+//!   afresh, so a key the provider withdrew stops verifying within one refresh. A fetch
+//!   that brings the same keys keeps the generation, and the entries.
 //! - **Refusals are not cached.** Only a token that verified is remembered: a bad token
 //!   costs the same full check every time, and cannot push good ones out in bulk.
 //! - **Memory.** At most [`MAX_ENTRIES`] tokens; the least used go first.

@@ -173,6 +173,23 @@ async fn a_withdrawn_key_stops_verifying_tokens_already_seen() {
     );
 }
 
+/// A refresh that brings the same keys changes nothing, so the tokens remembered as
+/// verified stay remembered; a set that changed makes them be checked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_with_the_same_keys_keeps_what_was_verified() {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let jwks = orderd::auth::jwks::Jwks::new(provider.url.clone());
+    assert!(jwks.refresh().await);
+    let first = jwks.generation();
+    assert!(jwks.refresh().await);
+    assert!(jwks.refresh().await);
+    assert_eq!(jwks.generation(), first, "the same set, twice more");
+    assert_eq!(provider.fetches(), 3);
+    provider.set(200, &fixture("jwks_after_rotation.json"));
+    assert!(jwks.refresh().await);
+    assert_eq!(jwks.generation(), first + 1, "a changed set");
+}
+
 /// A set that holds no usable key (empty, or only keys orderd cannot use) never
 /// replaces the last good one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
