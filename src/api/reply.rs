@@ -28,21 +28,21 @@ pub struct Rendered<T> {
 }
 
 impl<T> From<Reply> for Rendered<T> {
-    fn from(reply: Reply) -> Self {
+    fn from(Reply { response, replayed }: Reply) -> Self {
         let mut builder = Response::builder().status(
-            StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         );
-        if let Some(content_type) = reply.content_type {
+        if let Some(content_type) = response.content_type {
             builder = builder.header(header::CONTENT_TYPE, content_type);
         }
-        if let Some(location) = reply.location {
+        if let Some(location) = response.location {
             builder = builder.header(header::LOCATION, location);
         }
-        if reply.replayed {
+        if replayed {
             builder = builder.header(REPLAYED_HEADER, "true");
         }
         Self {
-            response: builder.body(reply.body),
+            response: builder.body(response.body),
             _typed: PhantomData,
         }
     }

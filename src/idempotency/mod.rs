@@ -100,6 +100,14 @@ pub struct Answer {
     pub replayed: bool,
 }
 
+impl Answer {
+    /// Whether the stored status is a success (a stored refusal, such as a cancel's
+    /// 404, is not).
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.response.status)
+    }
+}
+
 /// Runs operations exactly once per `(tenant, endpoint, key)`.
 #[derive(Clone)]
 pub struct Guard {

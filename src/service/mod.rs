@@ -72,47 +72,16 @@ impl Caller {
     }
 }
 
-/// What an operation answers, as both transports render it: a status, the body's
-/// bytes (JSON, or problem+json for a stored refusal), a `Location` for a create, and
-/// whether it is the stored reply of an earlier request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reply {
-    pub status: u16,
-    pub content_type: Option<String>,
-    pub location: Option<String>,
-    pub body: Vec<u8>,
-    pub replayed: bool,
-}
+/// What an operation answers, as both transports render it: the guard's [`Answer`]
+/// (status, body bytes, `Location`, and whether it is the stored reply of an earlier
+/// request), for reads as for writes.
+pub type Reply = Answer;
 
-impl Reply {
-    /// A reply made just now (not a replay).
-    fn fresh(response: StoredResponse) -> Self {
-        Self::from(Answer {
-            response,
-            replayed: false,
-        })
-    }
-
-    pub fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
-    }
-}
-
-impl From<Answer> for Reply {
-    fn from(answer: Answer) -> Self {
-        let StoredResponse {
-            status,
-            location,
-            content_type,
-            body,
-        } = answer.response;
-        Self {
-            status,
-            content_type,
-            location,
-            body,
-            replayed: answer.replayed,
-        }
+/// A reply made just now (not a replay).
+fn fresh(response: StoredResponse) -> Reply {
+    Answer {
+        response,
+        replayed: false,
     }
 }
 
@@ -205,7 +174,7 @@ impl Service {
                 })
             })
             .await?;
-        Ok(answer.into())
+        Ok(answer)
     }
 
     /// Cancels an order once per key: `POST /v1/orders/{id}/cancel`, the `cancel_order`
@@ -243,7 +212,7 @@ impl Service {
                 })
             })
             .await?;
-        Ok(answer.into())
+        Ok(answer)
     }
 
     /// One order of the caller's tenant: `GET /v1/orders/{id}`, the `get_order` tool.
@@ -257,7 +226,7 @@ impl Service {
             .run(async |c| orders::store::get(c, self.db.statements(), tenant, id).await)
             .await?;
         match found {
-            Some(order) => Ok(Reply::fresh(json(200, &OrderView::from(order)))),
+            Some(order) => Ok(fresh(json(200, &OrderView::from(order)))),
             None => Err(not_found(id)),
         }
     }
@@ -297,7 +266,7 @@ impl Service {
         } else {
             None
         };
-        Ok(Reply::fresh(json(
+        Ok(fresh(json(
             200,
             &OrderPage {
                 items: items.into_iter().map(OrderView::from).collect(),

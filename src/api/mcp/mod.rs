@@ -27,7 +27,7 @@ use rmcp::transport::streamable_http_server::{
 use serde_json::json;
 use tower_service::Service;
 
-pub use self::tools::{OrderTools, tools};
+pub use self::tools::OrderTools;
 use super::{
     Shared,
     auth::{authenticate, bearer_token},

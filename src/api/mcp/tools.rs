@@ -121,7 +121,7 @@ impl ServerHandler for OrderTools {
         let name = request.name.to_string();
         let outcome = self.call(&caller, &name, args).await;
         let status = match &outcome {
-            Ok(reply) => reply.status,
+            Ok(reply) => reply.response.status,
             Err(problem) => problem.kind.status().as_u16(),
         };
         tracing::info!(
@@ -203,12 +203,12 @@ impl OrderTools {
 fn rendered(tool: Option<Tool>, reply: &Reply) -> CallToolResult {
     if !reply.is_success() {
         let mut result = CallToolResult::error(vec![ContentBlock::text(
-            String::from_utf8_lossy(&reply.body).to_string(),
+            String::from_utf8_lossy(&reply.response.body).to_string(),
         )]);
         result.is_error = Some(true);
         return result;
     }
-    let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    let body: Value = serde_json::from_slice(&reply.response.body).unwrap_or(Value::Null);
     let id = body["id"].as_str().unwrap_or_default();
     let status = body["status"].as_str().unwrap_or_default();
     let text = match tool {
