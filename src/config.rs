@@ -261,25 +261,23 @@ impl JwtConfig {
 /// Whether a key set may be fetched from `url`: over TLS, or in the clear only from this
 /// host (a provider or a sidecar on loopback).
 fn jwks_url_is_safe(url: &str) -> bool {
-    if url.starts_with("https://") {
-        return true;
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
+    // `http::Uri` parses the authority (user info, brackets, port) as the HTTP client
+    // will, so `http://127.0.0.1@idp.example.com` is judged by `idp.example.com`.
+    let Ok(uri) = url.parse::<http::Uri>() else {
         return false;
     };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    // No user info: `http://127.0.0.1@evil.example` names evil.example.
-    if authority.contains('@') {
-        return false;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("https"), Some(_)) => true,
+        (Some("http"), Some(host)) => {
+            host.eq_ignore_ascii_case("localhost")
+                || host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        _ => false,
     }
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.split(':').next().unwrap_or_default(),
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Settings of the idempotency guard.
