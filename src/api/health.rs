@@ -53,8 +53,9 @@ pub enum ReadyResponse {
     /// The database answers.
     #[oai(status = 200)]
     Ready(PlainText<&'static str>),
-    /// The database does not answer, or no token can be verified yet (a JWKS not
-    /// fetched); take this instance out of rotation.
+    /// The database does not answer, or tokens cannot be verified safely (a JWKS never
+    /// fetched, or not confirmed by its provider for 15 minutes); take this instance out
+    /// of rotation.
     #[oai(status = 503)]
     NotReady(PlainText<&'static str>),
 }
@@ -79,8 +80,8 @@ impl HealthApi {
         verifier: Data<&Arc<Verifier>>,
         readiness: Data<&Arc<Readiness>>,
     ) -> ReadyResponse {
-        if !verifier.is_ready() {
-            return ReadyResponse::NotReady(PlainText("no token verification keys yet"));
+        if let Some(why) = verifier.not_ready() {
+            return ReadyResponse::NotReady(PlainText(why));
         }
         if readiness.database_answers(&service).await {
             ReadyResponse::Ready(PlainText("ready"))

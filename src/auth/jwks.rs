@@ -5,7 +5,14 @@
 //!   tokens are refused and the process reports not ready until a set arrives), then
 //!   every [`REFRESH_EVERY`], and on a token naming an unknown `kid` at most once per
 //!   [`UNKNOWN_KID_REFRESH`], so that garbage `kid`s cannot hammer the provider.
-//! - A failed fetch keeps the last good set.
+//! - Concurrent unknown-`kid` lookups share one fetch, run as a task of its own: no lock
+//!   is held while it runs, a token whose `kid` is known never waits for it, and a
+//!   client that goes away does not cancel it for the others.
+//! - A failed fetch, or a set without one usable key, keeps the last good set. A set
+//!   not confirmed by the provider for [`STALE_AFTER`] is reported stale (readiness
+//!   says so), as keys the provider withdrew meanwhile would still verify.
+//! - Each key carries the digest of its JWK, so a token verified by a key that a later
+//!   set still holds unchanged stays verified (see [`super::verified`]).
 //! - RSA, EC P-256/P-384 and Ed25519 keys are used; a key's `alg` decides its
 //!   algorithm, an RSA key without one means RS256, an EC key's curve decides ES256 or
 //!   ES384, and an Ed25519 key means EdDSA. Keys for encryption are ignored.
@@ -13,14 +20,15 @@
 use sha2::{Digest, Sha256};
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, RwLock,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
 
 use bytes::Bytes;
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -39,27 +47,66 @@ use super::AuthError;
 pub const REFRESH_EVERY: Duration = Duration::from_secs(300);
 /// The shortest interval between fetches caused by unknown `kid`s.
 pub const UNKNOWN_KID_REFRESH: Duration = Duration::from_secs(30);
+/// How long a set may go unconfirmed (three refreshes missed) before it counts as stale.
+pub const STALE_AFTER: Duration = Duration::from_secs(3 * 300);
 /// Bound on one fetch.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest set accepted.
 const MAX_SET_BYTES: usize = 1024 * 1024;
 
-type Keys = HashMap<String, (Algorithm, DecodingKey)>;
+/// One signing key of the set.
+#[derive(Clone)]
+pub struct Key {
+    pub alg: Algorithm,
+    pub decoding: DecodingKey,
+    /// The SHA-256 of the key's JWK: the same `kid` with other key material is another
+    /// key.
+    pub digest: [u8; 32],
+}
+
+type Keys = HashMap<String, Arc<Key>>;
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+/// A fetch for unknown `kid`s that every waiting lookup shares.
+type SharedFetch = Shared<BoxFuture<'static, ()>>;
+
+/// How usable the key set is, for readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetState {
+    /// No set was ever fetched: no token verifies.
+    Missing,
+    /// The provider has not confirmed the set for longer than [`STALE_AFTER`].
+    Stale,
+    Fresh,
+}
+
+impl SetState {
+    /// The state of a set last confirmed at `confirmed`, seen at `now`.
+    pub fn of(confirmed: Option<Instant>, now: Instant) -> Self {
+        match confirmed {
+            None => Self::Missing,
+            Some(at) if now.saturating_duration_since(at) > STALE_AFTER => Self::Stale,
+            Some(_) => Self::Fresh,
+        }
+    }
+}
 
 /// The cached key set of one JWKS URL.
 pub struct Jwks {
     url: String,
     client: HttpsClient,
     keys: RwLock<Option<Arc<Keys>>>,
-    /// Counts the sets that changed what verifies, so that tokens verified under an
-    /// older set are checked again (see [`super::verified`]); a refresh that brings the
-    /// same keys leaves it, and the remembered tokens, alone.
-    generation: AtomicU64,
-    /// The digest of the usable keys of the current set ([`usable_keys`]).
-    digest: std::sync::Mutex<Option<[u8; 32]>>,
-    /// When an unknown `kid` last caused a fetch; serialises those fetches too.
-    last_unknown_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// When the provider last answered with a usable set.
+    confirmed: Mutex<Option<Instant>>,
+    unknown_kid: Mutex<UnknownKidFetch>,
+}
+
+/// The state of fetches caused by unknown `kid`s.
+#[derive(Default)]
+struct UnknownKidFetch {
+    /// When the last one started.
+    last: Option<Instant>,
+    /// The one running now, if any.
+    running: Option<SharedFetch>,
 }
 
 impl Jwks {
@@ -68,63 +115,87 @@ impl Jwks {
             url,
             client: https_client(),
             keys: RwLock::new(None),
-            generation: AtomicU64::new(0),
-            digest: std::sync::Mutex::new(None),
-            last_unknown_fetch: tokio::sync::Mutex::new(None),
+            confirmed: Mutex::new(None),
+            unknown_kid: Mutex::new(UnknownKidFetch::default()),
         }
     }
 
-    /// Whether a set was ever fetched.
-    pub fn has_keys(&self) -> bool {
-        self.current().is_some()
-    }
-
-    /// Which fetched set is current; changes after each fetch, once the set is in place.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    /// Whether a set was ever fetched, and whether the provider still confirms it.
+    pub fn state(&self) -> SetState {
+        SetState::of(
+            *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()),
+            Instant::now(),
+        )
     }
 
     fn current(&self) -> Option<Arc<Keys>> {
         self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The key `kid` names and its algorithm, fetching the set again if the key is
-    /// unknown and the last such fetch is long enough ago.
-    pub async fn key(&self, kid: &str) -> Result<(Algorithm, DecodingKey), AuthError> {
-        if let Some(found) = self.current().and_then(|keys| keys.get(kid).cloned()) {
+    fn lookup(&self, kid: &str) -> Option<Arc<Key>> {
+        self.current().and_then(|keys| keys.get(kid).cloned())
+    }
+
+    /// Whether the current set still holds the key `kid` with this digest.
+    pub fn holds(&self, kid: &str, digest: &[u8; 32]) -> bool {
+        self.lookup(kid).is_some_and(|key| &key.digest == digest)
+    }
+
+    /// The key `kid` names, fetching the set again if the key is unknown and the last
+    /// such fetch is long enough ago (or joining the one under way).
+    pub async fn key(self: &Arc<Self>, kid: &str) -> Result<Arc<Key>, AuthError> {
+        if let Some(found) = self.lookup(kid) {
             return Ok(found);
         }
-        {
-            let mut last = self.last_unknown_fetch.lock().await;
-            let due = last.is_none_or(|at| at.elapsed() >= UNKNOWN_KID_REFRESH);
-            // Another request may have fetched while this one waited for the lock.
-            let known = self.current().is_some_and(|keys| keys.contains_key(kid));
-            if due && !known {
-                *last = Some(Instant::now());
-                self.refresh().await;
-            }
+        if let Some(fetch) = self.unknown_kid_fetch() {
+            fetch.await;
         }
-        self.current()
-            .and_then(|keys| keys.get(kid).cloned())
-            .ok_or(AuthError::InvalidToken(
-                "the token's key (`kid`) is not known",
-            ))
+        self.lookup(kid).ok_or(AuthError::InvalidToken(
+            "the token's key (`kid`) is not known",
+        ))
+    }
+
+    /// The fetch to wait for on an unknown `kid`: the one running, a new one if due, or
+    /// none.
+    fn unknown_kid_fetch(self: &Arc<Self>) -> Option<SharedFetch> {
+        let mut state = self.unknown_kid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(running) = &state.running {
+            return Some(running.clone());
+        }
+        let now = Instant::now();
+        if state
+            .last
+            .is_some_and(|at| now.saturating_duration_since(at) < UNKNOWN_KID_REFRESH)
+        {
+            return None;
+        }
+        state.last = Some(now);
+        let jwks = self.clone();
+        let task = tokio::spawn(async move {
+            jwks.refresh().await;
+            jwks.unknown_kid
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .running = None;
+        });
+        let fetch = task.map(|_| ()).boxed().shared();
+        state.running = Some(fetch.clone());
+        Some(fetch)
     }
 
     /// Fetches the set; on failure, or when the set holds no usable key, keeps the last
     /// good one and says why in the log.
     pub async fn refresh(&self) -> bool {
         match self.fetch().await {
-            Ok((keys, digest)) => {
-                let mut current = self.digest.lock().unwrap_or_else(|e| e.into_inner());
-                if *current == Some(digest) {
+            Ok(keys) => {
+                let changed = self.current().is_none_or(|old| !same_keys(&old, &keys));
+                if changed {
+                    tracing::info!(keys = keys.len(), "fetched the JSON Web Key Set");
+                } else {
                     tracing::debug!("the JSON Web Key Set is unchanged");
-                    return true;
                 }
-                tracing::info!(keys = keys.len(), "fetched the JSON Web Key Set");
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(keys));
-                *current = Some(digest);
-                self.generation.fetch_add(1, Ordering::AcqRel);
+                *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                 true
             }
             Err(why) => {
@@ -134,7 +205,7 @@ impl Jwks {
         }
     }
 
-    async fn fetch(&self) -> Result<(Keys, [u8; 32]), String> {
+    async fn fetch(&self) -> Result<Keys, String> {
         let uri: http::Uri = self.url.parse().map_err(|e| format!("bad URL: {e}"))?;
         let response = tokio::time::timeout(FETCH_TIMEOUT, self.client.get(uri))
             .await
@@ -152,7 +223,7 @@ impl Jwks {
         .map_err(|e| e.to_string())?
         .to_bytes();
         let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
-        let (keys, digest) = usable_keys(&set);
+        let keys = usable_keys(&set);
         // A provider mid-deploy, or a proxy answering for it, can serve an empty or
         // foreign set: taking it would turn every token away until the next fetch.
         if keys.is_empty() {
@@ -161,8 +232,15 @@ impl Jwks {
                 set.keys.len()
             ));
         }
-        Ok((keys, digest))
+        Ok(keys)
     }
+}
+
+/// Whether two sets hold the same keys under the same `kid`s.
+fn same_keys(a: &Keys, b: &Keys) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .all(|(kid, key)| b.get(kid).is_some_and(|other| other.digest == key.digest))
 }
 
 /// Refreshes the set at start and every [`REFRESH_EVERY`] until `shutdown`; retries
@@ -170,7 +248,7 @@ impl Jwks {
 pub async fn keep_fresh(jwks: Arc<Jwks>, shutdown: CancellationToken) {
     loop {
         let fetched = jwks.refresh().await;
-        let wait = if fetched || jwks.has_keys() {
+        let wait = if fetched || jwks.state() != SetState::Missing {
             REFRESH_EVERY
         } else {
             Duration::from_secs(5)
@@ -182,30 +260,26 @@ pub async fn keep_fresh(jwks: Arc<Jwks>, shutdown: CancellationToken) {
     }
 }
 
-/// The signing keys of `set` with a `kid` and an algorithm orderd accepts.
-/// The signing keys of `set` by `kid`, and a digest of them (their JWKs, in a fixed
-/// order) that tells whether a later set verifies exactly the same tokens.
-fn usable_keys(set: &JwkSet) -> (Keys, [u8; 32]) {
-    let mut described = Vec::new();
-    let keys = set
-        .keys
+/// The signing keys of `set` with a `kid` and an algorithm orderd accepts, by `kid`.
+fn usable_keys(set: &JwkSet) -> Keys {
+    set.keys
         .iter()
         .filter(|jwk| !matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)))
         .filter_map(|jwk| {
             let kid = jwk.common.key_id.clone()?;
             let alg = algorithm_of(jwk)?;
-            let key = DecodingKey::from_jwk(jwk).ok()?;
-            described.push(serde_json::to_string(jwk).unwrap_or_default());
-            Some((kid, (alg, key)))
+            let decoding = DecodingKey::from_jwk(jwk).ok()?;
+            let digest = Sha256::digest(serde_json::to_vec(jwk).ok()?).into();
+            Some((
+                kid,
+                Arc::new(Key {
+                    alg,
+                    decoding,
+                    digest,
+                }),
+            ))
         })
-        .collect();
-    described.sort();
-    let mut digest = Sha256::new();
-    for jwk in &described {
-        digest.update(jwk.as_bytes());
-        digest.update([0]);
-    }
-    (keys, digest.finalize().into())
+        .collect()
 }
 
 /// The algorithm a key is used with: its `alg`, else what its type implies.
@@ -319,7 +393,7 @@ mod tests {
             {"kty": "RSA", "n": N, "e": "AQAB"}
         ]}))
         .unwrap();
-        let (keys, digest) = usable_keys(&set);
+        let keys = usable_keys(&set);
         assert_eq!(keys.len(), 1);
         assert!(keys.contains_key("sig"));
         // Keys orderd ignores do not change what verifies.
@@ -327,18 +401,33 @@ mod tests {
             {"kty": "RSA", "n": N, "e": "AQAB", "kid": "sig"}
         ]}))
         .unwrap();
-        assert_eq!(usable_keys(&only_sig).1, digest);
+        assert!(same_keys(&usable_keys(&only_sig), &keys));
     }
 
     #[test]
-    fn the_digest_follows_the_keys_not_their_order() {
-        let set = |keys: serde_json::Value| -> JwkSet {
-            serde_json::from_value(serde_json::json!({ "keys": keys })).unwrap()
+    fn keys_are_the_same_by_kid_and_material_not_by_order() {
+        let set = |keys: serde_json::Value| -> Keys {
+            usable_keys(&serde_json::from_value(serde_json::json!({ "keys": keys })).unwrap())
         };
         let a = serde_json::json!({"kty": "RSA", "n": N, "e": "AQAB", "kid": "a"});
         let b = serde_json::json!({"kty": "RSA", "n": N, "e": "AQAB", "kid": "b"});
-        let ab = usable_keys(&set(serde_json::json!([a, b]))).1;
-        assert_eq!(ab, usable_keys(&set(serde_json::json!([b, a]))).1);
-        assert_ne!(ab, usable_keys(&set(serde_json::json!([a]))).1);
+        let a_as_ps256 =
+            serde_json::json!({"kty": "RSA", "n": N, "e": "AQAB", "kid": "a", "alg": "PS256"});
+        let ab = set(serde_json::json!([a, b]));
+        assert!(same_keys(&ab, &set(serde_json::json!([b, a]))));
+        assert!(!same_keys(&ab, &set(serde_json::json!([a]))));
+        assert!(!same_keys(&ab, &set(serde_json::json!([a_as_ps256, b]))));
+        assert_ne!(ab["a"].digest, ab["b"].digest, "the kid is part of the key");
+    }
+
+    #[test]
+    fn a_set_goes_stale_when_the_provider_stops_confirming_it() {
+        let now = Instant::now() + STALE_AFTER * 2;
+        assert_eq!(SetState::of(None, now), SetState::Missing);
+        assert_eq!(SetState::of(Some(now - STALE_AFTER), now), SetState::Fresh);
+        assert_eq!(
+            SetState::of(Some(now - STALE_AFTER - Duration::from_secs(1)), now),
+            SetState::Stale
+        );
     }
 }

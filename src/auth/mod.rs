@@ -25,7 +25,10 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use self::{jwks::Jwks, verified::VerifiedTokens};
+use self::{
+    jwks::{Jwks, SetState},
+    verified::{VerifiedBy, VerifiedTokens},
+};
 use crate::{
     config::{ConfigError, JwtConfig, Secret},
     tenant::TenantId,
@@ -161,28 +164,33 @@ impl Verifier {
         }
     }
 
-    /// Whether tokens can be verified at all: false only while a JWKS was never fetched.
-    pub fn is_ready(&self) -> bool {
+    /// Why this instance should not take traffic, as far as tokens go: a JWKS never
+    /// fetched (no token verifies), or one the provider has not confirmed for too long
+    /// (withdrawn keys might still verify).
+    pub fn not_ready(&self) -> Option<&'static str> {
         match &self.keys {
-            Keys::Jwks(jwks) => jwks.has_keys(),
-            _ => true,
+            Keys::Jwks(jwks) => match jwks.state() {
+                SetState::Missing => Some("no token verification keys yet"),
+                SetState::Stale => Some("the token verification keys are stale"),
+                SetState::Fresh => None,
+            },
+            _ => None,
         }
     }
 
     /// Verifies `token` and returns the caller, or why not; a token that verified
-    /// recently under the same keys is answered from memory.
+    /// recently with a key still in place is answered from memory.
     pub async fn verify(&self, token: &str) -> Result<Arc<Principal>, AuthError> {
-        // Read before the keys are: a fetch in between makes the entry stale, never
-        // the other way round.
-        let generation = match &self.keys {
-            Keys::Jwks(jwks) => jwks.generation(),
-            _ => 0,
-        };
         let checked = Instant::now();
-        if let Some(principal) = self.verified.get(token, generation, checked) {
+        let in_place = |by: &VerifiedBy| match (by, &self.keys) {
+            (VerifiedBy::Jwk { kid, digest }, Keys::Jwks(jwks)) => jwks.holds(kid, digest),
+            (VerifiedBy::ConfiguredKey, Keys::Hs256(_) | Keys::Public(..)) => true,
+            _ => false,
+        };
+        if let Some(principal) = self.verified.get(token, checked, in_place) {
             return Ok(principal);
         }
-        let (principal, exp) = self.check(token).await?;
+        let (principal, exp, by) = self.check(token).await?;
         let principal = Arc::new(principal);
         // The check accepts the token until `exp` plus the leeway, in whole seconds.
         let accepted_until = Duration::from_secs(exp.saturating_add(LEEWAY_SECS));
@@ -192,34 +200,43 @@ impl Verifier {
         self.verified.remember(
             token,
             principal.clone(),
-            generation,
+            by,
             checked,
             accepted_until.saturating_sub(now),
         );
         Ok(principal)
     }
 
-    /// The full check of a token's signature and claims: the caller and its `exp`.
-    async fn check(&self, token: &str) -> Result<(Principal, u64), AuthError> {
+    /// The full check of a token's signature and claims: the caller, its `exp`, and the
+    /// key that verified it.
+    async fn check(&self, token: &str) -> Result<(Principal, u64, VerifiedBy), AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| {
             AuthError::InvalidToken("the token is malformed or uses an unsupported algorithm")
         })?;
         let not_accepted = AuthError::InvalidToken("the token's algorithm is not accepted");
+        let configured = |(principal, exp)| (principal, exp, VerifiedBy::ConfiguredKey);
         match &self.keys {
             Keys::Hs256(key) if header.alg == Algorithm::HS256 => {
-                self.validate(token, header.alg, key)
+                self.validate(token, header.alg, key).map(configured)
             }
-            Keys::Public(alg, key) if header.alg == *alg => self.validate(token, *alg, key),
+            Keys::Public(alg, key) if header.alg == *alg => {
+                self.validate(token, *alg, key).map(configured)
+            }
             Keys::Jwks(jwks) => {
                 let kid = header
                     .kid
                     .as_deref()
                     .ok_or(AuthError::InvalidToken("the token names no key (`kid`)"))?;
-                let (alg, key) = jwks.key(kid).await?;
-                if header.alg != alg {
+                let key = jwks.key(kid).await?;
+                if header.alg != key.alg {
                     return Err(not_accepted);
                 }
-                self.validate(token, alg, &key)
+                let (principal, exp) = self.validate(token, key.alg, &key.decoding)?;
+                let by = VerifiedBy::Jwk {
+                    kid: kid.into(),
+                    digest: key.digest,
+                };
+                Ok((principal, exp, by))
             }
             _ => Err(not_accepted),
         }

@@ -7,10 +7,10 @@
 //!   check would count it, and never longer than [`MAX_LIFETIME`], so that a wall clock
 //!   stepped forward is noticed within that bound. Its deadline is on the monotonic
 //!   clock, taken before the token was checked.
-//! - **The keys.** An entry records the generation of the keys that verified it; when a
-//!   JWKS fetched again holds other keys the generation changes and the token is checked
-//!   afresh, so a key the provider withdrew stops verifying within one refresh. A fetch
-//!   that brings the same keys keeps the generation, and the entries.
+//! - **The key.** An entry records which key verified it (for a JWKS, its `kid` and the
+//!   digest of its JWK) and is used only while that key is still in place: a key the
+//!   provider withdrew or replaced stops verifying within one refresh, while tokens of
+//!   keys a new set keeps unchanged stay remembered, however often the set is fetched.
 //! - **Refusals are not cached.** Only a token that verified is remembered: a bad token
 //!   costs the same full check every time, and cannot push good ones out in bulk.
 //! - **Memory.** At most [`MAX_ENTRIES`] tokens; the least used go first.
@@ -29,10 +29,19 @@ pub const MAX_LIFETIME: Duration = Duration::from_secs(60);
 /// How many tokens are remembered; each costs its own length plus a few hundred bytes.
 pub const MAX_ENTRIES: u64 = 10_000;
 
+/// The key a token verified with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerifiedBy {
+    /// The configured secret or public key, which cannot change while the process runs.
+    ConfiguredKey,
+    /// A key of the JWKS: its `kid` and the digest of its JWK.
+    Jwk { kid: Box<str>, digest: [u8; 32] },
+}
+
 #[derive(Debug)]
 struct Entry {
     principal: Arc<Principal>,
-    generation: u64,
+    by: VerifiedBy,
     valid_until: Instant,
 }
 
@@ -67,21 +76,26 @@ impl Default for VerifiedTokens {
 }
 
 impl VerifiedTokens {
-    /// The caller `token` verified as, if it did under the keys of `generation` and is
-    /// still valid at `now`.
-    pub fn get(&self, token: &str, generation: u64, now: Instant) -> Option<Arc<Principal>> {
+    /// The caller `token` verified as, if it is still valid at `now` and `in_place` says
+    /// the key that verified it still is.
+    pub fn get(
+        &self,
+        token: &str,
+        now: Instant,
+        in_place: impl FnOnce(&VerifiedBy) -> bool,
+    ) -> Option<Arc<Principal>> {
         let entry = self.entries.get(token)?;
-        (entry.generation == generation && now < entry.valid_until).then(|| entry.principal.clone())
+        (now < entry.valid_until && in_place(&entry.by)).then(|| entry.principal.clone())
     }
 
-    /// Remembers that `token` verified as `principal` under the keys of `generation`;
+    /// Remembers that `token` verified as `principal` with the key `by`;
     /// `checked` is the monotonic instant taken before the check, `remaining` how long
     /// the check would still have accepted the token then.
     pub fn remember(
         &self,
         token: &str,
         principal: Arc<Principal>,
-        generation: u64,
+        by: VerifiedBy,
         checked: Instant,
         remaining: Duration,
     ) {
@@ -91,7 +105,7 @@ impl VerifiedTokens {
         }
         let entry = Entry {
             principal,
-            generation,
+            by,
             valid_until: checked + lifetime,
         };
         self.entries.insert(token.into(), Arc::new(entry));
@@ -115,19 +129,35 @@ mod tests {
         })
     }
 
+    fn jwk(kid: &str, byte: u8) -> VerifiedBy {
+        VerifiedBy::Jwk {
+            kid: kid.into(),
+            digest: [byte; 32],
+        }
+    }
+
     #[test]
-    fn an_entry_answers_only_its_own_token_under_its_own_keys_until_it_expires() {
+    fn an_entry_answers_only_its_own_token_while_its_key_is_in_place_until_it_expires() {
         let cache = VerifiedTokens::default();
         let at = Instant::now();
         let p = principal();
-        cache.remember("a.b.c", p.clone(), 3, at, Duration::from_secs(10));
-        let hit = cache.get("a.b.c", 3, at).unwrap();
+        cache.remember(
+            "a.b.c",
+            p.clone(),
+            jwk("k1", 1),
+            at,
+            Duration::from_secs(10),
+        );
+        let hit = cache.get("a.b.c", at, |by| *by == jwk("k1", 1)).unwrap();
         assert_eq!(hit.tenant, p.tenant);
-        assert!(cache.get("a.b.d", 3, at).is_none(), "another token");
-        assert!(cache.get("a.b.c", 4, at).is_none(), "keys fetched again");
+        assert!(cache.get("a.b.d", at, |_| true).is_none(), "another token");
+        assert!(
+            cache.get("a.b.c", at, |by| *by == jwk("k1", 2)).is_none(),
+            "the kid now names other key material"
+        );
         assert!(
             cache
-                .get("a.b.c", 3, at + Duration::from_secs(10))
+                .get("a.b.c", at + Duration::from_secs(10), |_| true)
                 .is_none()
         );
     }
@@ -136,10 +166,17 @@ mod tests {
     fn no_entry_outlives_the_bound_and_an_expired_token_is_not_kept() {
         let cache = VerifiedTokens::default();
         let at = Instant::now();
-        cache.remember("long", principal(), 0, at, Duration::from_secs(3600));
-        assert!(cache.get("long", 0, at + MAX_LIFETIME).is_none());
-        assert!(cache.get("long", 0, at + MAX_LIFETIME / 2).is_some());
-        cache.remember("gone", principal(), 0, at, Duration::ZERO);
-        assert!(cache.get("gone", 0, at).is_none());
+        let by = VerifiedBy::ConfiguredKey;
+        cache.remember(
+            "long",
+            principal(),
+            by.clone(),
+            at,
+            Duration::from_secs(3600),
+        );
+        assert!(cache.get("long", at + MAX_LIFETIME, |_| true).is_none());
+        assert!(cache.get("long", at + MAX_LIFETIME / 2, |_| true).is_some());
+        cache.remember("gone", principal(), by, at, Duration::ZERO);
+        assert!(cache.get("gone", at, |_| true).is_none());
     }
 }

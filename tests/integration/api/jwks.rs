@@ -3,9 +3,10 @@
 //! without a restart; unknown `kid`s that cannot hammer the provider; a provider down at
 //! start; the last good set kept when a fetch fails (docs/contract.md §2).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use orderd::auth::jwks::{Jwks, SetState};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -173,21 +174,75 @@ async fn a_withdrawn_key_stops_verifying_tokens_already_seen() {
     );
 }
 
-/// A refresh that brings the same keys changes nothing, so the tokens remembered as
-/// verified stay remembered; a set that changed makes them be checked again.
+/// A key a new set keeps unchanged stays in place, so the tokens it verified stay
+/// remembered; a key whose `kid` now names other material, or that is gone, does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refresh_with_the_same_keys_keeps_what_was_verified() {
+async fn a_refresh_keeps_the_keys_it_still_holds_in_place() {
     let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
-    let jwks = orderd::auth::jwks::Jwks::new(provider.url.clone());
+    let jwks = Arc::new(Jwks::new(provider.url.clone()));
     assert!(jwks.refresh().await);
-    let first = jwks.generation();
-    assert!(jwks.refresh().await);
-    assert!(jwks.refresh().await);
-    assert_eq!(jwks.generation(), first, "the same set, twice more");
-    assert_eq!(provider.fetches(), 3);
+    let a = jwks.key("jwks_rsa_a").await.unwrap();
+    let p256 = jwks.key("jwks_ec_p256").await.unwrap();
+    // The rotation adds a key: the old ones stay in place.
     provider.set(200, &fixture("jwks_after_rotation.json"));
     assert!(jwks.refresh().await);
-    assert_eq!(jwks.generation(), first + 1, "a changed set");
+    assert!(jwks.holds("jwks_rsa_a", &a.digest));
+    assert!(jwks.holds("jwks_ec_p256", &p256.digest));
+    // The provider reuses a kid for other key material, and withdraws another.
+    let mut set: serde_json::Value =
+        serde_json::from_str(&fixture("jwks_after_rotation.json")).unwrap();
+    let keys = set["keys"].as_array_mut().unwrap();
+    keys.retain(|key| key["kid"] != "jwks_rsa_a" && key["kid"] != "jwks_ec_p256");
+    let mut reused = keys
+        .iter()
+        .find(|key| key["kid"] == "jwks_rsa_b")
+        .unwrap()
+        .clone();
+    reused["kid"] = "jwks_rsa_a".into();
+    keys.push(reused);
+    provider.set(200, &set.to_string());
+    assert!(jwks.refresh().await);
+    assert!(
+        !jwks.holds("jwks_rsa_a", &a.digest),
+        "the kid names another key"
+    );
+    assert!(!jwks.holds("jwks_ec_p256", &p256.digest), "withdrawn");
+    assert_eq!(jwks.state(), SetState::Fresh);
+}
+
+/// Many tokens with unknown `kid`s at once wait for one fetch, which no lock guards: a
+/// token whose `kid` is known is answered while that fetch is still under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kids_share_one_fetch_and_known_kids_do_not_wait_for_it() {
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let jwks = Arc::new(Jwks::new(provider.url.clone()));
+    assert!(jwks.refresh().await);
+    provider.set(200, &fixture("jwks_after_rotation.json"));
+    provider.delay(Duration::from_secs(2));
+    let lookups: Vec<_> = (0..50)
+        .map(|_| {
+            let jwks = jwks.clone();
+            tokio::spawn(async move { jwks.key("jwks_rsa_b").await.is_ok() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The fetch is held back by the provider; a known kid is answered meanwhile.
+    let known = tokio::time::Instant::now();
+    assert!(jwks.key("jwks_rsa_a").await.is_ok());
+    let known = known.elapsed();
+    assert!(lookups.iter().all(|lookup| !lookup.is_finished()));
+    for lookup in lookups {
+        assert!(
+            lookup.await.unwrap(),
+            "the shared fetch brought the new key"
+        );
+    }
+    assert_eq!(
+        provider.fetches(),
+        2,
+        "one at start, one shared by 50 lookups"
+    );
+    println!("a known kid answered in {known:?} while the fetch took 2 s");
 }
 
 /// A set that holds no usable key (empty, or only keys orderd cannot use) never
