@@ -136,3 +136,39 @@ check_mcp_python() {
     "$python" tests/blackbox/mcp_python_client.py "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN"
     stop_blackbox
 }
+
+# Hostile clients against a release build, small scale, outcomes asserted
+# (tests/blackbox/hostile.py); and the identity-provider settings that must not start.
+check_hostile() {
+    local bin="$1" noisy out
+    log "hostile clients: slow heads and bodies, idle, noisy tenant, forged logs, non-readers, descriptors"
+    start_blackbox "$bin" ORDERD_HTTP_MAX_IN_FLIGHT=8 ORDERD_HTTP_READ_TIMEOUT_MS=2000 \
+        ORDERD_HTTP_IDLE_TIMEOUT_MS=50000 ORDERD_TENANT_RATE_PER_SEC=20 ORDERD_TENANT_BURST=20 \
+        ORDERD_LOG_FORMAT=text
+    noisy="$(ORDERD_JWT_HS256_SECRET="$BLACKBOX_SECRET" "$bin" token \
+        --tenant "$(cat /proc/sys/kernel/random/uuid)" --ttl 1h)"
+    python3 tests/blackbox/hostile.py edge "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN" \
+        "$noisy" "$BLACKBOX_PID" "$(target_dir)/blackbox-$BLACKBOX_PORT.log"
+    stop_blackbox
+
+    start_blackbox "$bin" ORDERD_HTTP_MAX_CONNECTIONS=12 ORDERD_HTTP_WRITE_TIMEOUT_MS=2000
+    python3 tests/blackbox/hostile.py non-readers "http://127.0.0.1:$BLACKBOX_PORT" \
+        "$BLACKBOX_TOKEN" "$BLACKBOX_PID" 2 12
+    stop_blackbox
+
+    start_blackbox "$bin" ORDERD_HTTP_READ_TIMEOUT_MS=2000
+    prlimit --pid "$BLACKBOX_PID" --nofile=320:320
+    python3 tests/blackbox/hostile.py descriptors "http://127.0.0.1:$BLACKBOX_PORT" \
+        "$BLACKBOX_TOKEN" "$BLACKBOX_PID"
+    stop_blackbox
+
+    # A key set without an audience, or fetched over plain http from afar, is refused at
+    # start, naming the variable.
+    out="$(DATABASE_URL=postgres://127.0.0.1:1/none ORDERD_JWT_JWKS_URL=https://idp.example.com/jwks \
+        ORDERD_JWT_ISSUER=https://idp.example.com/ "$bin" serve 2>&1)" && return 1
+    grep -q ORDERD_JWT_AUDIENCE <<<"$out" || { log "no audience: $out"; return 1; }
+    out="$(DATABASE_URL=postgres://127.0.0.1:1/none ORDERD_JWT_JWKS_URL=http://idp.example.com/jwks \
+        ORDERD_JWT_ISSUER=https://idp.example.com/ ORDERD_JWT_AUDIENCE=orderd "$bin" serve 2>&1)" && return 1
+    grep -q ORDERD_JWT_JWKS_URL <<<"$out" || { log "plain http: $out"; return 1; }
+    log "hostile clients: every check passed"
+}

@@ -82,9 +82,10 @@ target_dir() {
     printf '%s\n' "$ORDERD_TARGET_DIR"
 }
 
-# Builds the orderd binary and prints its path (wherever the target dir is).
+# Builds the orderd binary and prints its path (wherever the target dir is); extra
+# arguments (--release) go to cargo build.
 orderd_bin() {
-    cargo build --quiet --bin orderd --message-format=json-render-diagnostics \
+    cargo build --quiet --bin orderd --message-format=json-render-diagnostics "$@" \
         | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -4,7 +4,6 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use poem::{EndpointExt, Server, listener::TcpAcceptor};
 use tokio::net::TcpListener;
 
 use crate::{
@@ -166,7 +165,7 @@ impl Application {
         let metrics_apart = self.metrics_listener.is_some();
         if let Some((listener, address)) = self.metrics_listener {
             tracing::info!(address = %address, "metrics listening");
-            spawn_ops_listener(&supervisor, listener);
+            spawn_ops_listener(&supervisor, listener, limits(&self.config));
         }
         tracing::info!(address = %self.address, "orderd listening");
         let shared = api::Shared::new(self.verifier, &self.config);
@@ -202,7 +201,7 @@ pub async fn run_relay(
         Some(metrics_bind) => {
             let (listener, address) = bind(metrics_bind, config::METRICS_BIND.name).await?;
             tracing::info!(address = %address, "relay metrics listening");
-            spawn_ops_listener(&supervisor, listener);
+            spawn_ops_listener(&supervisor, listener, limits(&config));
         }
         None => tracing::info!("ORDERD_METRICS_BIND is not set: the relay serves no metrics"),
     }
@@ -237,20 +236,18 @@ fn spawn_auth_jobs(supervisor: &Supervisor, shared: &api::Shared) {
     supervisor.spawn("tenant limits", |token| api::limits::tidy(limiter, token));
 }
 
-/// `/metrics` and `/healthz` on a listener of their own, until shutdown.
-fn spawn_ops_listener(supervisor: &Supervisor, listener: TcpListener) {
+/// `/metrics` and `/healthz` on a listener of their own, until shutdown, served and
+/// stopped as the API listener is.
+fn spawn_ops_listener(supervisor: &Supervisor, listener: TcpListener, limits: Limits) {
     supervisor.spawn("ops listener", |token| async move {
-        let acceptor = match TcpAcceptor::from_tokio(listener) {
-            Ok(acceptor) => acceptor,
-            Err(e) => return tracing::error!(error = %e, "metrics listener failed"),
-        };
-        let served = Server::new_with_acceptor(acceptor)
-            .run_with_graceful_shutdown(
-                api::ops_routes().map_to_response(),
-                token.cancelled_owned(),
-                Some(OPS_SHUTDOWN_GRACE),
-            )
-            .await;
+        let served = api::server::serve(
+            listener,
+            api::ops_routes(),
+            limits,
+            token.cancelled_owned(),
+            OPS_SHUTDOWN_GRACE,
+        )
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "metrics listener failed");
         }

@@ -1,14 +1,16 @@
-//! The HTTP/1.1 server under the routes: the accept loop, the connection cap, the read
-//! and idle timeouts, and problem+json for what the protocol layer refuses by itself.
+//! The HTTP/1.1 server under the routes, on hyper's connection driver: the accept loop,
+//! the connection cap, the read, idle and write deadlines, and problem+json for what the
+//! protocol layer refuses by itself. Every listener of the process (the API and the
+//! metrics one) is served by [`serve`], so they all stop the same way.
 //!
-//! poem's own server leaves hyper's timers off, serves HTTP/2 with no stream limit and
-//! retries a failing `accept` in a busy loop, so a crowd of silent connections could
-//! hold the service down. This one owns the loop:
+//! Stock parts do what they can: hyper parses and writes HTTP/1.1, hyper-util's
+//! [`GracefulShutdown`] drains connections at shutdown, poem's boxed endpoint is shared
+//! by every connection, and `rlimit` raises the descriptor limit. What is left here is
+//! what none of them offers (docs/decisions.md, record 110):
 //!
 //! - at most `max_connections` connections are open (also kept below the process's
-//!   file-descriptor limit); further clients wait in the kernel's accept queue;
-//! - an `accept` that fails (descriptors exhausted) is retried after a pause, not in a
-//!   loop;
+//!   file-descriptor limit); further clients wait in the kernel's accept queue; an
+//!   `accept` that fails (descriptors exhausted) is retried after a pause, not in a loop;
 //! - every connection has one deadline at a time, tracked by [`Conn`]: a new connection
 //!   must deliver a whole request (head and body) within the read timeout, a request must
 //!   arrive whole within the read timeout of its first byte, and a keep-alive connection
@@ -34,9 +36,13 @@ use std::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, combinators::BoxBody};
 use hyper::{body::Incoming, server::conn::http1};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+};
 use poem::{
-    Endpoint, IntoEndpoint,
+    Endpoint, EndpointExt, IntoEndpoint,
+    endpoint::BoxEndpoint,
     web::{LocalAddr, RemoteAddr},
 };
 use tokio::{
@@ -45,7 +51,6 @@ use tokio::{
     sync::{Notify, Semaphore},
     time::Instant,
 };
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::problem::{Kind, Problem};
 
@@ -70,7 +75,8 @@ pub struct Limits {
 }
 
 /// Serves `endpoint` on `listener` until `shutdown` resolves, then stops accepting, lets
-/// requests in progress finish within `grace`, and closes what remains.
+/// requests in progress finish within `grace`, and leaves what remains to the end of
+/// the process.
 pub async fn serve<E>(
     listener: TcpListener,
     endpoint: E,
@@ -82,12 +88,12 @@ where
     E: IntoEndpoint,
     E::Endpoint: 'static,
 {
-    let endpoint: Arc<dyn DynEndpoint> = Arc::new(endpoint.into_endpoint());
+    let endpoint: Arc<BoxEndpoint<'static>> =
+        Arc::new(endpoint.into_endpoint().map_to_response().boxed());
     let local = listener.local_addr()?;
     let max_connections = limits.max_connections.min(descriptor_budget());
     let slots = Arc::new(Semaphore::new(max_connections));
-    let stopping = CancellationToken::new();
-    let connections = TaskTracker::new();
+    let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     let mut accept_errors_logged_at: Option<Instant> = None;
     loop {
@@ -113,22 +119,19 @@ where
             },
         };
         let _ = socket.set_nodelay(true);
-        let endpoint = endpoint.clone();
-        let limits = limits.clone();
-        let stopping = stopping.clone();
-        connections.spawn(async move {
-            serve_connection(socket, local, remote, endpoint, limits, stopping).await;
+        let connection =
+            serve_connection(socket, local, remote, endpoint.clone(), &limits, &graceful);
+        tokio::spawn(async move {
+            connection.await;
             drop(slot);
         });
     }
     drop(listener);
-    stopping.cancel();
-    connections.close();
-    if tokio::time::timeout(grace, connections.wait())
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!("connections still open after the shutdown grace period; closing them");
+        tracing::warn!("connections still open after the shutdown grace period; leaving them");
     }
     Ok(())
 }
@@ -136,52 +139,24 @@ where
 /// How many connections the file-descriptor limit allows, after raising the soft
 /// limit to the hard one.
 fn descriptor_budget() -> usize {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return usize::MAX;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            usize::try_from(limit.saturating_sub(RESERVED_FDS).max(16)).unwrap_or(usize::MAX)
         }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    let budget = limit.rlim_cur.saturating_sub(RESERVED_FDS).max(16);
-    usize::try_from(budget).unwrap_or(usize::MAX)
-}
-
-/// The endpoint behind a trait object, so every connection shares one.
-trait DynEndpoint: Send + Sync {
-    fn call(&self, req: poem::Request)
-    -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>>;
-}
-
-impl<E: Endpoint> DynEndpoint for E {
-    fn call(
-        &self,
-        req: poem::Request,
-    ) -> Pin<Box<dyn Future<Output = poem::Response> + Send + '_>> {
-        Box::pin(self.get_response(req))
+        Err(_) => usize::MAX,
     }
 }
 
-async fn serve_connection(
+/// Drives one accepted connection to its end on hyper's driver, enforcing its deadlines;
+/// `graceful` winds it down (the request in progress is finished) at shutdown.
+fn serve_connection(
     socket: TcpStream,
     local: SocketAddr,
     remote: SocketAddr,
-    endpoint: Arc<dyn DynEndpoint>,
-    limits: Limits,
-    stopping: CancellationToken,
-) {
+    endpoint: Arc<BoxEndpoint<'static>>,
+    limits: &Limits,
+    graceful: &GracefulShutdown,
+) -> impl Future<Output = ()> + Send + 'static {
     let conn = Arc::new(Conn::new(limits.read_timeout));
     let service = {
         let conn = conn.clone();
@@ -198,7 +173,7 @@ async fn serve_connection(
                     .into();
                 req.extensions_mut().insert(conn.clone());
                 let response: http::Response<BoxBody<Bytes, io::Error>> =
-                    endpoint.call(req).await.into();
+                    endpoint.get_response(req).await.into();
                 // The connection is idle again once hyper has taken the whole body (or
                 // dropped it unread, as for HEAD).
                 let idle = IdleOnDrop(conn);
@@ -221,43 +196,43 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         // hyper's own head deadline (30 s unless told otherwise, once a timer is set)
-        // would also cut a kept-alive connection waiting for its next head, silently
-        // capping `ORDERD_HTTP_IDLE_TIMEOUT_MS`; the deadlines of this module decide
-        // both the read and the idle limit instead.
+        // also runs while a kept-alive connection waits for its next head, so it would
+        // silently cap `ORDERD_HTTP_IDLE_TIMEOUT_MS`, and it cannot give a new
+        // connection a shorter deadline than an idle one; [`Conn`] decides both.
         .header_read_timeout(None)
         .keep_alive(true)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_header_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS);
-    let connection = builder.serve_connection(io, service);
-    tokio::pin!(connection);
-    let mut shutting_down = false;
-    loop {
-        let deadline = conn.deadline(&limits);
-        tokio::select! {
-            _ = &mut connection => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                if conn.deadline(&limits) > Instant::now() {
-                    continue; // the phase moved on meanwhile
+    let driver = graceful.watch(builder.serve_connection(io, service));
+    let limits = limits.clone();
+    async move {
+        tokio::pin!(driver);
+        loop {
+            let deadline = conn.deadline(&limits);
+            tokio::select! {
+                _ = &mut driver => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if conn.deadline(&limits) > Instant::now() {
+                        continue; // the phase moved on meanwhile
+                    }
+                    match conn.phase() {
+                        // A late head: answer 408 and close (through the read side,
+                        // see `Watched`), giving hyper a moment to write it.
+                        Phase::Head => {
+                            conn.time_out();
+                            let _ = tokio::time::timeout(Duration::from_secs(1), &mut driver).await;
+                        }
+                        // A late body is answered by the body middleware, so this is
+                        // the backstop; an idle connection has nothing to finish; a
+                        // client that does not take its response is abandoned, so
+                        // that it holds its connection slot no longer. Dropping the
+                        // driver closes the socket.
+                        Phase::Body | Phase::Idle { .. } | Phase::Handling => {}
+                    }
+                    return;
                 }
-                match conn.phase() {
-                    // A late head: answer 408 and close (through the read side, see `Watched`).
-                    Phase::Head { .. } | Phase::Fresh => conn.time_out(),
-                    // A late body is answered by the body middleware; this is the backstop.
-                    Phase::Body => return,
-                    Phase::Idle { .. } => connection.as_mut().graceful_shutdown(),
-                    // A client that does not take its response: abandon it and close,
-                    // so that it holds its connection slot no longer.
-                    Phase::Handling => return,
-                }
-                // Give hyper a moment to write and close; then drop the connection.
-                let _ = tokio::time::timeout(Duration::from_secs(1), &mut connection).await;
-                return;
-            }
-            _ = conn.changed.notified() => {}
-            _ = stopping.cancelled(), if !shutting_down => {
-                shutting_down = true;
-                connection.as_mut().graceful_shutdown();
+                _ = conn.changed.notified() => {}
             }
         }
     }
@@ -275,11 +250,9 @@ impl Drop for IdleOnDrop {
 /// Where a connection is in its life, which decides its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Opened, nothing received yet: the whole first request is due within the read
-    /// timeout of the connection's start.
-    Fresh,
-    /// A head is arriving (its first byte came at `since`).
-    Head { since: Instant },
+    /// A head is due, or arriving: on a new connection since it opened, on a kept-alive
+    /// one since the first byte of the request.
+    Head,
     /// The head is parsed; the body is being read by the middleware.
     Body,
     /// The request is complete; the handler runs or the response is being written.
@@ -298,7 +271,6 @@ pub struct Conn {
 
 struct State {
     phase: Phase,
-    opened: Instant,
     /// When the current request's first byte arrived (or the connection opened).
     request_started: Instant,
     read_timeout: Duration,
@@ -313,8 +285,7 @@ impl Conn {
         let now = Instant::now();
         Self {
             state: Mutex::new(State {
-                phase: Phase::Fresh,
-                opened: now,
+                phase: Phase::Head,
                 request_started: now,
                 read_timeout,
                 timed_out: false,
@@ -371,8 +342,7 @@ impl Conn {
     fn deadline(&self, limits: &Limits) -> Instant {
         let state = self.lock();
         match state.phase {
-            Phase::Fresh => state.opened + limits.read_timeout,
-            Phase::Head { since } => since + limits.read_timeout,
+            Phase::Head => state.request_started + limits.read_timeout,
             // The middleware answers 408 at the read deadline; this backstop is later.
             Phase::Body => state.request_started + limits.read_timeout + Duration::from_secs(2),
             // The handler's own work is bounded by the statement timeout; once the
@@ -385,19 +355,14 @@ impl Conn {
         }
     }
 
-    /// Bytes arrived: a head starts if none was in progress.
+    /// Bytes arrived: on an idle connection, a new request starts.
     fn on_read(&self) {
         let mut state = self.lock();
         if let Phase::Idle { .. } = state.phase {
-            let now = Instant::now();
-            state.phase = Phase::Head { since: now };
-            state.request_started = now;
+            state.phase = Phase::Head;
+            state.request_started = Instant::now();
             drop(state);
             self.changed.notify_one();
-        } else if state.phase == Phase::Fresh {
-            state.phase = Phase::Head {
-                since: state.opened,
-            };
         }
     }
 
@@ -484,8 +449,9 @@ impl AsyncWrite for Watched {
             std::task::ready!(this.poll_replacement(cx))?;
             return Poll::Ready(Ok(buf.len()));
         }
-        let head_in_progress = matches!(this.conn.phase(), Phase::Fresh | Phase::Head { .. });
-        if head_in_progress && let Some(problem) = automatic_refusal(buf) {
+        if this.conn.phase() == Phase::Head
+            && let Some(problem) = automatic_refusal(buf)
+        {
             this.replacement = Some((raw_response(&problem), 0));
             std::task::ready!(this.poll_replacement(cx))?;
             return Poll::Ready(Ok(buf.len()));

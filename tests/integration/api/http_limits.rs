@@ -338,7 +338,9 @@ async fn beyond_the_in_flight_cap_authenticated_work_is_shed_with_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_off_the_api_port_when_a_metrics_address_is_set() {
-    let app = spawn_app_with(&[("ORDERD_METRICS_BIND", "127.0.0.1:0")]).await;
+    let mut settings = FAST.to_vec();
+    settings.push(("ORDERD_METRICS_BIND", "127.0.0.1:0"));
+    let app = spawn_app_with(&settings).await;
     let on_api = app
         .client
         .get(format!("{}/metrics", app.base))
@@ -354,6 +356,14 @@ async fn metrics_move_off_the_api_port_when_a_metrics_address_is_set() {
         .await
         .unwrap();
     assert!(text.contains("idempotency_requests_total"), "{text}");
+    // The metrics listener is the same server as the API's: a silent client is answered
+    // 408 at the read timeout there too, instead of holding its connection.
+    let address = metrics_base.trim_start_matches("http://");
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let raw = read_until_closed(&mut silent)
+        .await
+        .expect("the server closed it");
+    assert_eq!(problem(&raw).0, 408);
 }
 
 /// CPU time (user + system) of a process, in clock ticks.

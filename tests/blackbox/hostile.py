@@ -1,0 +1,337 @@
+"""Hostile clients against a running orderd, at a small scale, with the outcome asserted.
+
+Each probe is what an attacker without a token (or a greedy tenant) would try; each
+asserts what the service promises instead: authenticated clients keep getting 2xx,
+connections held by silent or non-reading clients are closed at their deadline, and the
+process's memory and descriptors stay bounded. Plain sockets from the standard library:
+nothing here shares code with orderd.
+
+    hostile.py edge BASE TOKEN NOISY_TOKEN PID LOG
+        slow heads, slow bodies without a token, a 38 s idle keep-alive connection,
+        a noisy tenant and a forged-log attempt, all at once; the instance runs with
+        a small in-flight cap, a 2 s read timeout, a 50 s idle timeout and a
+        per-tenant rate limit.
+    hostile.py non-readers BASE TOKEN PID WRITE_TIMEOUT_S SLOTS
+        every connection slot held by clients that pipeline /docs and never read.
+    hostile.py descriptors BASE TOKEN PID
+        many more silent sockets than the descriptor limit allows connections.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from urllib.parse import urlparse
+
+FAILURES = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        FAILURES.append(what)
+
+
+class Process:
+    """Samples a process's resident memory and open descriptors while probes run."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.max_rss_kib = 0
+        self.max_fds = 0
+
+    def sample(self):
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    self.max_rss_kib = max(self.max_rss_kib, int(line.split()[1]))
+        self.max_fds = max(self.max_fds, len(os.listdir(f"/proc/{self.pid}/fd")))
+
+    async def watch(self, stop):
+        while not stop.is_set():
+            self.sample()
+            await asyncio.sleep(0.2)
+
+
+async def request(host, port, method, path, token=None, body=None, headers=()):
+    """One request on a fresh connection: (status, body bytes)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        lines = [f"{method} {path} HTTP/1.1", f"host: {host}", "connection: close"]
+        if token:
+            lines.append(f"authorization: Bearer {token}")
+        payload = b""
+        if body is not None:
+            payload = json.dumps(body).encode()
+            lines += ["content-type: application/json", f"content-length: {len(payload)}"]
+        lines += list(headers)
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head else 0
+    return status, rest
+
+
+async def create(host, port, token):
+    status, _ = await request(
+        host, port, "POST", "/v1/orders", token,
+        {"sku": "HOSTILE-1", "quantity": 1},
+        headers=[f"idempotency-key: hostile-{uuid.uuid4().hex}"],
+    )
+    return status
+
+
+async def until_closed(reader, limit=60.0):
+    """Reads until the server closes; returns (seconds it took, what was received)."""
+    started = time.monotonic()
+    received = b""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), limit)
+            if not chunk:
+                break
+            received += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except asyncio.TimeoutError:
+        return None, received
+    return time.monotonic() - started, received
+
+
+async def trickled(host, port, opening, trickle):
+    """Sends `opening` at once and then `trickle`'s bytes one every half second, until
+    the server closes the connection: (seconds from the opening, what was received)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(opening)
+    await writer.drain()
+    started = time.monotonic()
+
+    async def send():
+        try:
+            for byte in trickle:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.5)
+        except (ConnectionError, OSError):
+            pass
+
+    sending = asyncio.create_task(send())
+    _, received = await until_closed(reader)
+    sending.cancel()
+    writer.close()
+    return time.monotonic() - started, received
+
+
+async def slow_head(host, port):
+    """A request head sent one byte every half second."""
+    head = f"GET /v1/orders HTTP/1.1\r\nhost: {host}\r\nx-padding: {'a' * 200}\r\n\r\n"
+    return await trickled(host, port, b"", head.encode())
+
+
+async def slow_body(host, port):
+    """A 60,000-byte create announced without a token, its body sent a byte at a time."""
+    head = (f"POST /v1/orders HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"idempotency-key: slow-{uuid.uuid4().hex}\r\ncontent-length: 60000\r\n\r\n{{")
+    return await trickled(host, port, head.encode(), b" " * 59999)
+
+
+async def idle_keep_alive(host, port, idle_s):
+    """A request, `idle_s` seconds of silence, then another on the same connection."""
+    reader, writer = await asyncio.open_connection(host, port)
+    ask = f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
+    writer.write(ask)
+    await writer.drain()
+    first = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+    await asyncio.sleep(idle_s)
+    try:
+        writer.write(ask)
+        await writer.drain()
+        second = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+    except (ConnectionError, asyncio.IncompleteReadError, OSError):
+        second = b""
+    writer.close()
+    return first.startswith(b"HTTP/1.1 200"), second.startswith(b"HTTP/1.1 200")
+
+
+async def forged_log_line(host, port, token):
+    """An MCP tool call whose tool name carries a line break and a fake log line."""
+    call = {
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "list_orders\nFORGED-LINE level=ERROR msg=\"owned\"", "arguments": {}},
+    }
+    status, _ = await request(
+        host, port, "POST", "/mcp", token, call,
+        headers=["accept: application/json, text/event-stream"],
+    )
+    return status
+
+
+async def edge(base, token, noisy_token, pid, log):
+    url = urlparse(base)
+    host, port = url.hostname, url.port
+    process = Process(pid)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(process.watch(stop))
+
+    idle = asyncio.create_task(idle_keep_alive(host, port, 38))
+    # HOSTILE_SOCKETS sets the scale: 60 slow heads and 60 slow bodies in CI.
+    sockets = int(os.environ.get("HOSTILE_SOCKETS", "60"))
+    heads = [asyncio.create_task(slow_head(host, port)) for _ in range(sockets)]
+    bodies = [asyncio.create_task(slow_body(host, port)) for _ in range(sockets)]
+
+    async def flood():
+        statuses = []
+        deadline = time.monotonic() + 8
+
+        async def worker():
+            while time.monotonic() < deadline:
+                statuses.append(await create(host, port, noisy_token))
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+        return statuses
+
+    flooding = asyncio.create_task(flood())
+    await asyncio.sleep(0.5)
+    quiet = []
+    for _ in range(10):
+        quiet += await asyncio.gather(*(create(host, port, token) for _ in range(4)))
+        await asyncio.sleep(0.2)
+    noisy = await flooding
+    check(all(s == 201 for s in quiet),
+          f"the quiet tenant's {len(quiet)} creates were all 201 during the attack: {sorted(set(quiet))}")
+    check(429 in noisy, f"the noisy tenant met its own limit ({noisy.count(429)} of {len(noisy)} answered 429)")
+
+    head_results = await asyncio.gather(*heads)
+    check(all(b" 408 " in received.split(b"\r\n", 1)[0] for _, received in head_results),
+          "every slow head was answered 408")
+    slowest = max(t for t, _ in head_results)
+    check(slowest < 2 + 5, f"every slow head was closed at the 2 s read timeout (slowest {slowest:.1f} s)")
+    body_results = await asyncio.gather(*bodies)
+    statuses = sorted({received.split(b" ", 2)[1].decode() for _, received in body_results if received})
+    # The body is read (with the read deadline) before the token is looked at, but no
+    # capacity is taken for it: a slow sender is cut off at the deadline.
+    check(statuses and set(statuses) <= {"401", "408"},
+          f"every slow body without a token was refused: {statuses}")
+    slowest = max(t for t, _ in body_results)
+    check(slowest < 2 + 5, f"every slow body's connection was closed within the read timeout ({slowest:.1f} s)")
+
+    status = await forged_log_line(host, port, token)
+    check(status == 200, f"the forged-name tool call was answered ({status})")
+
+    first, second = await idle
+    check(first and second, "a keep-alive connection idle for 38 s (idle timeout 50 s) was still served")
+
+    stop.set()
+    await watcher
+    print(f"peak RSS {process.max_rss_kib / 1024:.1f} MiB, peak descriptors {process.max_fds}")
+    check(process.max_rss_kib < 256 * 1024, "resident memory stayed under 256 MiB")
+    check(process.max_fds < 2 * sockets + 180,
+          "open descriptors stayed bounded (about one per hostile socket)")
+
+    await asyncio.sleep(0.5)
+    with open(log, errors="replace") as text:
+        lines = text.readlines()
+    check(any("FORGED-LINE" in line for line in lines), "the tool call reached the log")
+    forged = [line for line in lines if line.startswith("FORGED-LINE")]
+    check(not forged, "no log line starts with what a client sent")
+
+
+async def non_readers(base, token, pid, write_timeout_s, slots):
+    url = urlparse(base)
+    host, port = url.hostname, url.port
+    process = Process(pid)
+    hogs = []
+    for _ in range(slots):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, port))
+        sock.setblocking(False)
+        ask = f"GET /docs HTTP/1.1\r\nhost: {host}\r\n\r\n".encode() * 20
+        try:
+            sock.send(ask)
+        except BlockingIOError:
+            pass
+        hogs.append(sock)
+    await asyncio.sleep(0.5)
+    process.sample()
+    started = time.monotonic()
+    status, _ = await request(host, port, "GET", "/healthz")
+    waited = time.monotonic() - started
+    check(status == 200, f"a new client was served while {slots} non-readers held every slot")
+    print(f"the new client waited {waited:.2f} s (write timeout {write_timeout_s} s)")
+    check(waited < write_timeout_s + 1 + 5,
+          "it was served about when the non-readers' write deadline passed")
+    status = await create(host, port, token)
+    check(status == 201, f"an authenticated create was served afterwards ({status})")
+    closed = 0
+    for sock in hogs:
+        sock.setblocking(True)
+        sock.settimeout(10)
+        try:
+            while sock.recv(1 << 20):
+                pass
+            closed += 1  # the server's end of stream
+        except socket.timeout:
+            pass  # still open
+        except OSError:
+            closed += 1  # reset by the server
+        sock.close()
+    check(closed == slots, f"the server closed every non-reader's connection ({closed} of {slots})")
+    process.sample()
+    print(f"peak RSS {process.max_rss_kib / 1024:.1f} MiB, peak descriptors {process.max_fds}")
+    check(process.max_rss_kib < 256 * 1024, "resident memory stayed under 256 MiB")
+
+
+async def descriptors(base, token, pid):
+    url = urlparse(base)
+    host, port = url.hostname, url.port
+    process = Process(pid)
+    with open(f"/proc/{pid}/limits") as limits:
+        line = next(line for line in limits if line.startswith("Max open files"))
+    limit = int(line.split()[3])
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(process.watch(stop))
+    silent = []
+    for _ in range(limit + 100):
+        try:
+            silent.append(await asyncio.open_connection(host, port))
+        except OSError:
+            break
+    print(f"{len(silent)} silent sockets opened against a descriptor limit of {limit}")
+    served = await asyncio.wait_for(create(host, port, token), 120)
+    check(served == 201, f"an authenticated create was served once silent sockets timed out ({served})")
+    for _, writer in silent:
+        writer.close()
+    status, _ = await request(host, port, "GET", "/healthz")
+    check(status == 200, "the server still accepts connections afterwards")
+    stop.set()
+    await watcher
+    print(f"peak descriptors {process.max_fds} of {limit}")
+    check(process.max_fds <= limit, "the process never held more descriptors than its limit")
+
+
+def main():
+    probe, args = sys.argv[1], sys.argv[2:]
+    if probe == "edge":
+        base, token, noisy, pid, log = args
+        asyncio.run(edge(base, token, noisy, int(pid), log))
+    elif probe == "non-readers":
+        base, token, pid, write_timeout_s, slots = args
+        asyncio.run(non_readers(base, token, int(pid), float(write_timeout_s), int(slots)))
+    elif probe == "descriptors":
+        base, token, pid = args
+        asyncio.run(descriptors(base, token, int(pid)))
+    else:
+        sys.exit(f"unknown probe {probe}")
+    if FAILURES:
+        sys.exit(f"{len(FAILURES)} hostile-client check(s) failed")
+
+
+if __name__ == "__main__":
+    main()
