@@ -242,6 +242,7 @@ async fn latency(
                             &fence,
                             &response,
                             &order,
+                            None,
                         )
                         .await?;
                         Ok::<_, sqlx::Error>(written.then_some(response))

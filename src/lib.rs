@@ -39,5 +39,7 @@ pub mod supervisor;
 pub mod telemetry;
 /// The tenant id.
 pub mod tenant;
+/// W3C trace context: what a caller sends, kept with the events its write causes.
+pub mod trace_context;
 
 pub use db::MIGRATOR;

@@ -38,6 +38,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261130000006_orders_updated_index.sql",
         "8ea1eaa09943e9d9d5cad5245690305bb11cef8bd1ffe70287ba9d4f33be701c",
     ),
+    (
+        "20261202000007_outbox_trace_context.sql",
+        "31ec1ff92f724514c2b73e971fe31d7638e2a687d741643c6a12a8aa01103967",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

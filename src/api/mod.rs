@@ -147,7 +147,7 @@ pub fn known_labels() -> KnownLabels {
     KnownLabels {
         endpoints: service::Endpoint::spellings(),
         outcomes: idempotency::Outcome::spellings(),
-        event_types: outbox::EventType::spellings(),
+        event_types: outbox::event::TypeLabel::spellings(),
         failure_reasons: outbox::FailureReason::spellings(),
         routes: routes::Route::spellings(),
     }

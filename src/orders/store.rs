@@ -14,6 +14,7 @@ use crate::{
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
+    trace_context::TraceContext,
 };
 
 /// The columns of [`Order`], as a macro so that every query stays a `&'static str`
@@ -86,9 +87,10 @@ pub async fn create(
     fence: &Fence<'_>,
     response: &StoredResponse,
     order: &Order,
+    trace: Option<&TraceContext>,
 ) -> sqlx::Result<bool> {
     let tenant = fence.scope.tenant;
-    let event = event(tenant, EventType::OrderCreated, order);
+    let event = event(tenant, EventType::OrderCreated, order, trace);
     let row = EventRow::new(&event);
     let query = sqlx::query(CREATE.as_str()).persistent(statements.named());
     let query = Completion { fence, response }.bind(query);
@@ -105,6 +107,7 @@ pub async fn cancel(
     statements: Statements,
     tenant: TenantId,
     id: Uuid,
+    trace: Option<&TraceContext>,
 ) -> sqlx::Result<CancelOutcome> {
     // The row lock taken here serialises concurrent changes of one order, which is
     // what makes `version` (and so event order) follow commit order.
@@ -122,7 +125,7 @@ pub async fn cancel(
         outbox::writer::append(
             tx,
             statements,
-            &event(tenant, EventType::OrderCancelled, &order),
+            &event(tenant, EventType::OrderCancelled, &order, trace),
         )
         .await?;
         return Ok(CancelOutcome::Cancelled(order));
@@ -134,9 +137,15 @@ pub async fn cancel(
 }
 
 /// The event a change emits: the order as it is after the change, ordered among the
-/// order's events by its version.
-fn event(tenant: TenantId, event_type: EventType, order: &Order) -> NewEvent {
+/// order's events by its version, with the trace context of the request that made it.
+fn event(
+    tenant: TenantId,
+    event_type: EventType,
+    order: &Order,
+    trace: Option<&TraceContext>,
+) -> NewEvent {
     NewEvent {
+        trace: trace.cloned(),
         tenant,
         event_type,
         aggregate_id: order.id,

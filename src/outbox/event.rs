@@ -8,7 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 use uuid::Uuid;
 
-use crate::{metrics::label_enum, tenant::TenantId};
+use crate::{metrics::label_enum, tenant::TenantId, trace_context::TraceContext};
 
 label_enum! {
     /// The kinds of event: `outbox_event.event_type`, the `event_type` field and SNS
@@ -16,6 +16,24 @@ label_enum! {
     pub EventType {
         OrderCreated => "OrderCreated",
         OrderCancelled => "OrderCancelled",
+    }
+}
+
+label_enum! {
+    /// The `event_type` label of `outbox_published_total`: the types this release
+    /// knows, and `other` for one it does not (a newer release's), so that a stored
+    /// string never becomes a label value.
+    pub TypeLabel {
+        OrderCreated => "OrderCreated",
+        OrderCancelled => "OrderCancelled",
+        Other => "other",
+    }
+}
+
+impl TypeLabel {
+    /// The label of a stored `event_type`.
+    pub fn of(stored: &str) -> Self {
+        Self::parse(stored).unwrap_or(Self::Other)
     }
 }
 
@@ -65,6 +83,8 @@ pub struct NewEvent {
     pub aggregate_seq: i32,
     pub occurred_at: DateTime<Utc>,
     pub order: OrderState,
+    /// The trace context of the request that made the change, published with it.
+    pub trace: Option<TraceContext>,
 }
 
 impl NewEvent {
@@ -108,6 +128,7 @@ mod tests {
             aggregate_id: Uuid::from_u128(0x0b),
             aggregate_seq: 2,
             occurred_at: at,
+            trace: None,
             order: OrderState {
                 id: Uuid::from_u128(0x0b),
                 sku: "BOOK-42".into(),
@@ -136,5 +157,14 @@ mod tests {
         });
         let body = serde_json::to_value(event.body(Uuid::from_u128(0x0c)).0).unwrap();
         assert_eq!(body, golden);
+    }
+
+    #[test]
+    fn every_known_type_is_its_own_label_and_anything_else_is_other() {
+        for known in EventType::ALL {
+            assert_eq!(TypeLabel::of(known.as_str()).as_str(), known.as_str());
+        }
+        assert_eq!(TypeLabel::of("OrderRefunded"), TypeLabel::Other);
+        assert_eq!(TypeLabel::of("orderrefunded\nline"), TypeLabel::Other);
     }
 }

@@ -7,7 +7,6 @@ use std::{future::Future, pin::Pin};
 
 use uuid::Uuid;
 
-use super::event::EventType;
 use crate::metrics::label_enum;
 
 label_enum! {
@@ -25,6 +24,8 @@ label_enum! {
         Kms => "kms",
         OtherClient => "other_client",
         OtherServer => "other_server",
+        /// Not a publish at all: the stored row cannot be read (`outbox::store::read`).
+        Unreadable => "unreadable",
     }
 }
 
@@ -32,12 +33,17 @@ label_enum! {
 #[derive(Debug, Clone)]
 pub struct Message {
     pub event_id: Uuid,
-    pub event_type: EventType,
+    /// As stored, known to this release or not.
+    pub event_type: String,
     pub tenant_id: Uuid,
     /// The order id: the FIFO message group.
     pub aggregate_id: Uuid,
     /// The message body.
     pub body: String,
+    /// W3C trace context of the write, sent as the attributes `traceparent` and
+    /// `tracestate`.
+    pub trace_parent: Option<String>,
+    pub trace_state: Option<String>,
 }
 
 /// Whether retrying the same entry can help.

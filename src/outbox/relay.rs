@@ -22,7 +22,8 @@ use uuid::Uuid;
 
 use super::{
     backoff::Backoff,
-    publisher::{Message, Outcome, PublishError, Publisher, Retry},
+    event::TypeLabel,
+    publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
 use crate::{config::OutboxConfig, db::Db, metrics};
@@ -186,7 +187,10 @@ impl Relay {
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = self.claim_lease().as_millis() as i64;
         let claim = Uuid::new_v4();
-        let batch = self
+        let store::Claimed {
+            events: batch,
+            unreadable,
+        } = self
             .db
             .run(async |c| {
                 store::claim_due(
@@ -199,8 +203,15 @@ impl Relay {
                 .await
             })
             .await?;
+        if !unreadable.is_empty() {
+            self.set_aside(&unreadable, claim).await?;
+        }
         if batch.is_empty() {
-            return Ok(Round::default());
+            return Ok(Round {
+                claimed: unreadable.len(),
+                dead: unreadable.len(),
+                ..Round::default()
+            });
         }
         let messages: Vec<Message> = batch.iter().map(to_message).collect();
         let started = std::time::Instant::now();
@@ -212,7 +223,7 @@ impl Relay {
         );
 
         let mut round = Round {
-            claimed: batch.len(),
+            claimed: batch.len() + unreadable.len(),
             ..Round::default()
         };
         let mut published = Vec::new();
@@ -221,7 +232,7 @@ impl Relay {
         for (event, outcome) in batch.iter().zip(outcomes) {
             match outcome {
                 Outcome::Published => {
-                    metrics::published(event.event_type, event.age_secs);
+                    metrics::published(TypeLabel::of(&event.event_type), event.age_secs);
                     published.push((event.tenant_id, event.event_id));
                 }
                 Outcome::Rejected(error) => {
@@ -261,9 +272,22 @@ impl Relay {
         }
         round.published = published.len();
         round.failed = failures.len();
-        round.dead = failures.iter().filter(|f| f.dead).count();
+        round.dead = failures.iter().filter(|f| f.dead).count() + unreadable.len();
         round.not_sent = not_sent.len();
         Ok(round)
+    }
+
+    /// Rows that cannot be read go DEAD alone, counted and logged, so that the rest of
+    /// their batch is published.
+    async fn set_aside(&self, rows: &[store::Unreadable], claim: Uuid) -> sqlx::Result<()> {
+        for row in rows {
+            metrics::publish_failure(FailureReason::Unreadable);
+            tracing::error!(event_id = %row.event_id, tenant = %row.tenant_id, error = %row.reason, "outbox row cannot be read; set aside as DEAD");
+        }
+        self.db
+            .run(async |c| store::set_aside(c, self.db.statements(), rows, claim).await)
+            .await?;
+        Ok(())
     }
 
     /// How a refused entry is recorded: one more attempt, DEAD when permanent or at
@@ -290,10 +314,12 @@ impl Relay {
 fn to_message(event: &PendingEvent) -> Message {
     Message {
         event_id: event.event_id,
-        event_type: event.event_type,
+        event_type: event.event_type.clone(),
         tenant_id: event.tenant_id,
         aggregate_id: event.aggregate_id,
         body: event.payload.clone(),
+        trace_parent: event.trace_parent.clone(),
+        trace_state: event.trace_state.clone(),
     }
 }
 

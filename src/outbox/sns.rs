@@ -62,13 +62,22 @@ impl SnsPublisher {
                 .build()
                 .expect("data_type is set")
         };
+        let trace = [
+            ("traceparent", message.trace_parent.clone()),
+            ("tracestate", message.trace_state.clone()),
+        ];
         let attributes: HashMap<String, MessageAttributeValue> = [
             ("event_id", message.event_id.to_string()),
-            ("event_type", message.event_type.as_str().to_string()),
+            ("event_type", message.event_type.clone()),
             ("tenant_id", message.tenant_id.to_string()),
             ("aggregate_id", message.aggregate_id.to_string()),
         ]
         .into_iter()
+        .chain(
+            trace
+                .into_iter()
+                .filter_map(|(name, value)| Some((name, value?))),
+        )
         .map(|(name, value)| (name.to_string(), attribute(value)))
         .collect();
         let mut entry = PublishBatchRequestEntry::builder()
@@ -232,7 +241,16 @@ fn entry_size(message: &Message) -> usize {
         + "aggregate_id".len()
         + 4 * "String".len()
         + 3 * 36;
-    message.body.len() + ATTRIBUTES + message.event_type.as_str().len()
+    let trace = |name: &str, value: &Option<String>| {
+        value
+            .as_ref()
+            .map_or(0, |v| name.len() + "String".len() + v.len())
+    };
+    message.body.len()
+        + ATTRIBUTES
+        + message.event_type.len()
+        + trace("traceparent", &message.trace_parent)
+        + trace("tracestate", &message.trace_state)
 }
 
 fn timeout_error(timeout: Duration) -> PublishError {
@@ -306,10 +324,12 @@ mod tests {
     fn message(body_len: usize) -> Message {
         Message {
             event_id: Uuid::new_v4(),
-            event_type: crate::outbox::EventType::OrderCreated,
+            event_type: "OrderCreated".into(),
             tenant_id: Uuid::new_v4(),
             aggregate_id: Uuid::new_v4(),
             body: "x".repeat(body_len),
+            trace_parent: None,
+            trace_state: None,
         }
     }
 

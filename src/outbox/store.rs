@@ -6,10 +6,8 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while SNS answers.
 
-use sqlx::PgExecutor;
+use sqlx::{FromRow, PgExecutor, Row, postgres::PgRow};
 use uuid::Uuid;
-
-use super::event::EventType;
 
 use crate::db::Statements;
 
@@ -19,14 +17,38 @@ pub struct PendingEvent {
     pub tenant_id: Uuid,
     pub event_id: Uuid,
     pub aggregate_id: Uuid,
-    pub event_type: EventType,
+    /// As the writer stored it: a type this release may not know (a newer release's,
+    /// during a rolling deploy) is forwarded all the same.
+    pub event_type: String,
     /// The SNS message body.
     pub payload: String,
     /// Failed attempts so far.
     pub attempts: i32,
     /// Seconds since the change committed (for the publish-lag histogram).
     pub age_secs: f64,
+    /// The W3C trace context stored with the event, forwarded as message attributes.
+    pub trace_parent: Option<String>,
+    pub trace_state: Option<String>,
 }
+
+/// A claimed row the relay cannot read: set aside alone (DEAD) with `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    pub tenant_id: Uuid,
+    pub event_id: Uuid,
+    pub reason: String,
+}
+
+/// What one claim brought: the events to publish, and the rows to set aside.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub events: Vec<PendingEvent>,
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// Longest `event_type` forwarded; also what SNS and Kafka take as an attribute or a
+/// header without complaint.
+pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
 #[derive(sqlx::FromRow)]
 struct PendingRow {
@@ -37,6 +59,8 @@ struct PendingRow {
     payload: String,
     attempts: i32,
     age_secs: f64,
+    trace_parent: Option<String>,
+    trace_state: Option<String>,
 }
 
 /// Up to `$1` due events that are the oldest unpublished event of their order, leased
@@ -68,6 +92,7 @@ pub const CLAIM_DUE: &str = "WITH due AS (
      FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
+               o.trace_parent, o.trace_state,
                extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
 
 /// Marks a round's acknowledged events, asynchronously committed like the claim: a
@@ -90,6 +115,14 @@ pub const MARK_FAILED: &str = "UPDATE outbox_event o
           AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
      WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'
        AND o.claimed_by = $7";
+
+/// Rows the relay cannot read are set aside: DEAD at once, with the reason, where the
+/// claim `$4` still holds them.
+pub const SET_ASIDE: &str = "UPDATE outbox_event o
+     SET status = 'DEAD', last_error = u.reason
+     FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS u(tenant_id, event_id, reason)
+     WHERE o.tenant_id = u.tenant_id AND o.event_id = u.event_id AND o.status = 'PENDING'
+       AND o.claimed_by = $4";
 
 /// Events whose call failed as a whole go back in line after `$4` ms, attempts
 /// untouched.
@@ -124,42 +157,67 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
          FOR UPDATE SKIP LOCKED)";
 
 /// Claims up to `batch` due events (see [`CLAIM_DUE`]) and leases them for `lease_ms`.
+/// Each row is read on its own: one that cannot be read is returned as
+/// [`Unreadable`] and never fails its batch-mates.
 pub async fn claim_due(
     db: impl PgExecutor<'_>,
     statements: Statements,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
-) -> sqlx::Result<Vec<PendingEvent>> {
-    let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_DUE)
+) -> sqlx::Result<Claimed> {
+    let rows: Vec<PgRow> = sqlx::query(CLAIM_DUE)
         .persistent(statements.named())
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
         .fetch_all(db)
         .await?;
-    rows.into_iter()
-        .map(|row| {
-            let event_type = EventType::parse(&row.event_type).ok_or_else(|| {
-                sqlx::Error::Decode(
-                    format!(
-                        "outbox_event holds an unknown event_type `{}`",
-                        row.event_type
-                    )
-                    .into(),
-                )
-            })?;
-            Ok(PendingEvent {
-                tenant_id: row.tenant_id,
-                event_id: row.event_id,
-                aggregate_id: row.aggregate_id,
-                event_type,
-                payload: row.payload,
-                attempts: row.attempts,
-                age_secs: row.age_secs,
-            })
-        })
-        .collect()
+    let mut claimed = Claimed::default();
+    for row in &rows {
+        match read(row) {
+            Ok(event) => claimed.events.push(event),
+            Err(unreadable) => claimed.unreadable.push(unreadable),
+        }
+    }
+    Ok(claimed)
+}
+
+/// One claimed row as an event, or why it cannot be forwarded. Only the envelope is
+/// checked (a JSON object as the body, a type that fits an attribute), never the type's
+/// meaning: whatever a release of orderd writes passes.
+fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
+    let unreadable = |reason: String| -> Unreadable {
+        Unreadable {
+            tenant_id: row.try_get("tenant_id").unwrap_or_default(),
+            event_id: row.try_get("event_id").unwrap_or_default(),
+            reason: format!("unreadable: {reason}"),
+        }
+    };
+    let row = PendingRow::from_row(row).map_err(|e| unreadable(e.to_string()))?;
+    let event_type_fits = !row.event_type.is_empty()
+        && row.event_type.len() <= MAX_EVENT_TYPE_LEN
+        && row.event_type.bytes().all(|b| b.is_ascii_graphic());
+    if !event_type_fits {
+        return Err(unreadable(format!(
+            "event_type must be 1 to {MAX_EVENT_TYPE_LEN} printable ASCII characters"
+        )));
+    }
+    // jsonb renders an object with a leading brace and nothing else that way.
+    if !row.payload.starts_with('{') {
+        return Err(unreadable("the payload is not a JSON object".into()));
+    }
+    Ok(PendingEvent {
+        tenant_id: row.tenant_id,
+        event_id: row.event_id,
+        aggregate_id: row.aggregate_id,
+        event_type: row.event_type,
+        payload: row.payload,
+        attempts: row.attempts,
+        age_secs: row.age_secs,
+        trace_parent: row.trace_parent,
+        trace_state: row.trace_state,
+    })
 }
 
 /// Marks events acknowledged by SNS, where `claim` still holds them.
@@ -199,6 +257,30 @@ pub async fn put_back(
         .bind(ids)
         .bind(claim)
         .bind(retry_ms)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Sets unreadable rows aside (see [`SET_ASIDE`]).
+pub async fn set_aside(
+    db: impl PgExecutor<'_>,
+    statements: Statements,
+    rows: &[Unreadable],
+    claim: Uuid,
+) -> sqlx::Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let tenants: Vec<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
+    let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
+    let done = sqlx::query(SET_ASIDE)
+        .persistent(statements.named())
+        .bind(tenants)
+        .bind(ids)
+        .bind(reasons)
+        .bind(claim)
         .execute(db)
         .await?;
     Ok(done.rows_affected())

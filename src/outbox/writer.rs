@@ -25,7 +25,7 @@ pub struct EventRow<'a> {
 
 impl<'a> EventRow<'a> {
     /// How many parameters [`EventRow::insert_sql`] uses.
-    pub const PARAMS: usize = 7;
+    pub const PARAMS: usize = 9;
 
     /// The row of `event`, with a fresh `event_id`.
     pub fn new(event: &'a NewEvent) -> Self {
@@ -49,7 +49,8 @@ impl<'a> EventRow<'a> {
         };
         format!(
             "INSERT INTO outbox_event
-       (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+       (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+        trace_parent, trace_state, next_attempt_at)
      {source}"
         )
     }
@@ -64,6 +65,13 @@ impl<'a> EventRow<'a> {
             .bind(self.event.event_type.as_str())
             .bind(self.event.body(self.event_id))
             .bind(self.event.occurred_at)
+            .bind(self.event.trace.as_ref().map(|t| t.traceparent.as_str()))
+            .bind(
+                self.event
+                    .trace
+                    .as_ref()
+                    .and_then(|t| t.tracestate.as_deref()),
+            )
     }
 }
 

@@ -30,6 +30,7 @@ use crate::{
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
     tenant::TenantId,
+    trace_context::TraceContext,
 };
 
 label_enum! {
@@ -52,11 +53,26 @@ pub const LIMIT_DEFAULT: i64 = 20;
 #[derive(Debug, Clone)]
 pub struct Caller {
     principal: Arc<Principal>,
+    /// The trace context the request came with, kept with the events it causes.
+    trace: Option<TraceContext>,
 }
 
 impl Caller {
     pub fn new(principal: Arc<Principal>) -> Self {
-        Self { principal }
+        Self {
+            principal,
+            trace: None,
+        }
+    }
+
+    /// The caller, continuing the trace of the request's `traceparent` (if valid).
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
     }
 
     pub fn tenant(&self) -> TenantId {
@@ -159,6 +175,7 @@ impl Service {
             key,
         };
         let statements = self.db.statements();
+        let trace = caller.trace().cloned();
         let answer = self
             .guard
             .run_in_one_statement(&scope, create_fingerprint(&new), move |conn, fence| {
@@ -168,8 +185,15 @@ impl Service {
                         location: Some(format!("/v1/orders/{}", order.id)),
                         ..json(201, &OrderView::from(order.clone()))
                     };
-                    let written =
-                        orders::store::create(conn, statements, &fence, &response, &order).await?;
+                    let written = orders::store::create(
+                        conn,
+                        statements,
+                        &fence,
+                        &response,
+                        &order,
+                        trace.as_ref(),
+                    )
+                    .await?;
                     Ok::<_, Problem>(written.then_some(response))
                 })
             })
@@ -194,12 +218,15 @@ impl Service {
             key,
         };
         let statements = self.db.statements();
+        let trace = caller.trace().cloned();
         let answer = self
             .guard
             .run(&scope, cancel_fingerprint(id), move |tx, _| {
                 Box::pin(async move {
                     Ok::<_, Problem>(
-                        match orders::store::cancel(tx, statements, tenant, id).await? {
+                        match orders::store::cancel(tx, statements, tenant, id, trace.as_ref())
+                            .await?
+                        {
                             CancelOutcome::Cancelled(order)
                             | CancelOutcome::AlreadyCancelled(order) => {
                                 json(200, &OrderView::from(order))

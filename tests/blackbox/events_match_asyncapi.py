@@ -64,11 +64,16 @@ def main(spec_path, base, token, queue_url):
     check = validators(document)
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     order_ids = []
+    # The first create continues a caller's trace: its event must carry it.
+    traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
     for i, ref in enumerate(["asyncapi-a", None, "asyncapi-c"]):
         body = {"sku": f"ASYNC-{i}", "quantity": i + 1}
         if ref:
             body["customer_ref"] = ref
-        status, answer = http("POST", f"{base}/v1/orders", {**auth, "Idempotency-Key": f"asyncapi-{uuid.uuid4().hex}"}, json.dumps(body).encode())
+        headers = {**auth, "Idempotency-Key": f"asyncapi-{uuid.uuid4().hex}"}
+        if i == 0:
+            headers["traceparent"] = traceparent
+        status, answer = http("POST", f"{base}/v1/orders", headers, json.dumps(body).encode())
         assert status == 201, answer
         order_ids.append(json.loads(answer)["id"])
     for order_id in order_ids[:2]:
@@ -96,6 +101,13 @@ def main(spec_path, base, token, queue_url):
                 failures += 1
                 print(f"FAIL: {body.get('event_type')} {what}: {error.message} at {list(error.absolute_path)}", file=sys.stderr)
         print(f"ok: {body['event_type']} {body['event_id']} matches its message in the AsyncAPI document")
+        traced = body["order"]["sku"] == "ASYNC-0" and body["event_type"] == "OrderCreated"
+        if traced and attributes.get("traceparent") != traceparent:
+            failures += 1
+            print(f"FAIL: the traced create's event carries traceparent {attributes.get('traceparent')!r}", file=sys.stderr)
+        if not traced and "traceparent" in attributes:
+            failures += 1
+            print("FAIL: an untraced request's event carries a traceparent", file=sys.stderr)
     sys.exit(1 if failures else 0)
 
 

@@ -38,6 +38,7 @@ use super::{
 use crate::{
     auth::{AuthError, SCOPE_READ, SCOPE_WRITE},
     service,
+    trace_context::TraceContext,
 };
 
 /// Where the protected-resource metadata is served.
@@ -99,7 +100,8 @@ impl Mcp {
         let token = bearer_token(header).map_err(|e| challenge(&self.public_url, e))?;
         let caller = authenticate(&self.verifier, token)
             .await
-            .map_err(|e| challenge(&self.public_url, e))?;
+            .map_err(|e| challenge(&self.public_url, e))?
+            .with_trace(TraceContext::from_headers(req.headers()));
 
         let (parts, body) = req.into_parts();
         let bytes = body

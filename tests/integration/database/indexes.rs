@@ -121,7 +121,7 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     let complete = plan(&db, &idem::COMPLETE, |q| completion.bind(q)).await;
     assert!(complete.contains("idempotency_record_pkey"), "{complete}");
     // A create completes its record by key in the same statement.
-    // The order's six values, then the event row's seven.
+    // The order's six values, then the event row's nine.
     let order_id = Uuid::new_v4();
     let create = plan(&db, &orders::CREATE, |q| {
         completion
@@ -139,6 +139,8 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
             .bind("OrderCreated")
             .bind(serde_json::json!({}))
             .bind(chrono::Utc::now())
+            .bind(None::<String>)
+            .bind(None::<String>)
     })
     .await;
     assert!(create.contains("idempotency_record_pkey"), "{create}");

@@ -305,6 +305,7 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
         &fence,
         &response,
         &order,
+        None,
     )
     .await
     .unwrap();
@@ -329,6 +330,7 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
         &fence,
         &response,
         &order,
+        None,
     )
     .await
     .unwrap();

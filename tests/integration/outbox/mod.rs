@@ -1,1 +1,3 @@
+mod forwarding;
 mod relay;
+mod trace_context;

@@ -158,9 +158,15 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     for _ in 0..10 {
         let mut tx = db.pool.begin().await.unwrap();
         let order = create_order_in(&mut tx, tenant, &new).await;
-        orderd::orders::store::cancel(&mut tx, orderd::db::Statements::NAMED, tenant, order.id)
-            .await
-            .unwrap();
+        orderd::orders::store::cancel(
+            &mut tx,
+            orderd::db::Statements::NAMED,
+            tenant,
+            order.id,
+            None,
+        )
+        .await
+        .unwrap();
         tx.commit().await.unwrap();
     }
     let unmatched: i64 = sqlx::query_scalar(

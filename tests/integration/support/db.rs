@@ -214,6 +214,7 @@ pub async fn create_order_in(
         &fence,
         &response,
         &order,
+        None,
     )
     .await
     .unwrap();
