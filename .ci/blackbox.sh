@@ -172,3 +172,29 @@ check_hostile() {
     grep -q ORDERD_JWT_JWKS_URL <<<"$out" || { log "plain http: $out"; return 1; }
     log "hostile clients: every check passed"
 }
+
+# OpenTelemetry: an OTLP/HTTP receiver decoding with the official protobuf definitions
+# sees a traced create's server span, its children and the relay's publish span in the
+# caller's trace; the SQS message and the log line carry the same trace id.
+check_otlp() {
+    local bin="$1" python port out receiver
+    log "opentelemetry: spans over OTLP/HTTP, the traceparent attribute, trace ids in logs"
+    python="$(py_venv 'opentelemetry-proto==1.39.*')"
+    port="$(free_port)"
+    out="$(target_dir)/otlp-spans-$port.jsonl"
+    : >"$out"
+    "$python" tests/blackbox/otlp_traces.py receive "$port" "$out" &
+    receiver=$!
+    moto_topic "$ORDERD_MOTO_ENDPOINT" "otlp-$(cat /proc/sys/kernel/random/uuid)"
+    start_blackbox "$bin" ORDERD_RELAY=on ORDERD_SNS_TOPIC_ARN="$TOPIC_ARN" ORDERD_LOG_FORMAT=json \
+        AWS_ENDPOINT_URL="$ORDERD_MOTO_ENDPOINT" AWS_REGION=us-east-1 \
+        AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$port" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf \
+        OTEL_SERVICE_NAME=orderd-ci OTEL_BSP_SCHEDULE_DELAY=200
+    local status=0
+    "$python" tests/blackbox/otlp_traces.py check "http://127.0.0.1:$BLACKBOX_PORT" "$BLACKBOX_TOKEN" \
+        "$out" "$QUEUE_URL" "$(target_dir)/blackbox-$BLACKBOX_PORT.log" || status=$?
+    stop_blackbox
+    kill "$receiver" 2>/dev/null || true
+    return "$status"
+}

@@ -85,8 +85,14 @@ pub enum OutboxCommand {
     Stats,
 }
 
-/// Runs one subcommand to completion.
+/// Runs one subcommand to completion, then exports the spans still buffered.
 pub async fn run(command: Command) -> anyhow::Result<()> {
+    let done = run_command(command).await;
+    telemetry::flush().await;
+    done
+}
+
+async fn run_command(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve => app::serve(configured()?).await,
         Command::Relay => app::relay(configured()?).await,

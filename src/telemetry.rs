@@ -1,17 +1,40 @@
-//! Logging set-up and the per-request context that the request log line reports.
+//! Logging and tracing set-up, and the per-request context that the request log line
+//! reports.
 //!
 //! Logs go to stderr so that commands whose stdout is their product (`orderd token`,
 //! `orderd openapi`) stay pipeable.
+//!
+//! Traces are OpenTelemetry's, exported over OTLP/HTTP when the SDK's standard variables
+//! name an endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`; the
+//! sampler, service name and batch settings come from `OTEL_*` too). Spans are made
+//! under the target [`SPANS`], which the log lines never show; without an endpoint no
+//! layer wants that target, so `tracing` disables those spans at their call sites and
+//! they cost nothing. The batch processor exports from a thread of its own with a
+//! blocking HTTP client (no Tokio runtime needed there); [`flush`] shuts it down off
+//! the async threads at the end of the process.
 
-use std::{cell::RefCell, fmt::Write};
+use std::{cell::RefCell, fmt::Write, sync::OnceLock};
 
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{
-    EnvFilter,
+    EnvFilter, Layer,
     field::MakeExt,
+    filter::{LevelFilter, Targets},
     fmt::{self, format::debug_fn},
+    layer::SubscriberExt,
+    util::SubscriberInitExt,
 };
 
-use crate::tenant::TenantId;
+use crate::{tenant::TenantId, trace_context::TraceContext};
+
+/// The `tracing` target of every span meant for OpenTelemetry.
+pub const SPANS: &str = "orderd::spans";
+
+/// The provider, kept so that [`flush`] can shut it down (the tracing layer holds only
+/// a tracer, and dropping that exports nothing).
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 /// Installs the global subscriber; `RUST_LOG` overrides the default filter.
 pub fn init(json: bool) {
@@ -19,21 +42,121 @@ pub fn init(json: bool) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     // Colour only for a person at a terminal; files and pipes get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    // A second init (tests spawning several apps) keeps the first subscriber. JSON
-    // escapes every string itself; text lines go through `escaped_field`, so that no
-    // value a client chose (a tool name, a subject, an error naming its input) can end
-    // a line and start a forged one.
-    let _ = if json {
-        builder.json().try_init()
+    let lines = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    // JSON escapes every string itself; text lines go through `escaped_field`, so that
+    // no value a client chose (a tool name, a subject, an error naming its input) can
+    // end a line and start a forged one.
+    let lines = if json {
+        lines.json().boxed()
     } else {
-        builder
+        lines
             .fmt_fields(debug_fn(escaped_field).delimited(" "))
-            .try_init()
+            .boxed()
     };
+    // Static per-target filters (not closures), so that `tracing` decides once per call
+    // site: without an exporter, a span of [`SPANS`] is disabled where it is written.
+    let lines = lines.with_filter(
+        Targets::new()
+            .with_default(LevelFilter::TRACE)
+            .with_target(SPANS, LevelFilter::OFF),
+    );
+    let traces = tracer_provider().map(|provider| {
+        let tracer = provider.tracer("orderd");
+        let _ = PROVIDER.set(provider);
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(Targets::new().with_target(SPANS, LevelFilter::TRACE))
+    });
+    // A second init (tests spawning several apps) keeps the first subscriber.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(traces)
+        .try_init();
+}
+
+/// The OTLP/HTTP exporter's provider, when the environment names an endpoint.
+fn tracer_provider() -> Option<SdkTracerProvider> {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
+    if disabled
+        || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    {
+        return None;
+    }
+    // The blocking HTTP client starts a runtime of its own, which cannot happen on a
+    // Tokio worker: build it on a plain thread.
+    let exporter = std::thread::spawn(|| {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+    })
+    .join()
+    .ok()?;
+    match exporter {
+        Ok(exporter) => Some(
+            SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(opentelemetry_sdk::Resource::builder().build())
+                .build(),
+        ),
+        Err(e) => {
+            eprintln!("orderd: OpenTelemetry export is off: {e}");
+            None
+        }
+    }
+}
+
+/// Exports the spans still buffered and stops the exporter, on a plain thread (its
+/// shutdown blocks).
+pub async fn flush() {
+    if let Some(provider) = PROVIDER.get() {
+        let provider = provider.clone();
+        let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    }
+}
+
+/// Makes `span` continue the caller's trace, when the request carried a valid context.
+pub fn continue_trace(span: &tracing::Span, trace: Option<&TraceContext>) {
+    if let Some(context) = trace.and_then(TraceContext::span_context) {
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+    }
+}
+
+/// The trace context a write keeps with its events: the caller's, when the request
+/// carried a valid one; else that of the request's own span, when tracing is on.
+pub fn request_trace(headers: &http::HeaderMap) -> Option<TraceContext> {
+    TraceContext::from_headers(headers).or_else(|| {
+        let context = tracing::Span::current().context();
+        let own = context.span().span_context().clone();
+        own.is_valid().then(|| TraceContext {
+            traceparent: format!(
+                "00-{}-{}-{:02x}",
+                own.trace_id(),
+                own.span_id(),
+                own.trace_flags().to_u8()
+            ),
+            tracestate: Some(own.trace_state().header()).filter(|s| !s.is_empty()),
+        })
+    })
+}
+
+/// The trace and span ids of `span` for a log line: its OpenTelemetry ones when tracing
+/// is on, else the caller's trace id (and no span id).
+pub fn trace_ids(
+    span: &tracing::Span,
+    trace: Option<&TraceContext>,
+) -> (Option<String>, Option<String>) {
+    let context = span.context();
+    let own = context.span().span_context().clone();
+    if own.is_valid() {
+        return (
+            Some(own.trace_id().to_string()),
+            Some(own.span_id().to_string()),
+        );
+    }
+    (trace.map(|t| t.trace_id().to_string()), None)
 }
 
 /// One field of a text log line, `name=value` (the message alone), with every control
@@ -105,6 +228,8 @@ pub fn note_caller(tenant: TenantId, subject: &str) {
 
 /// Notes how the idempotency guard decided the request.
 pub fn note_outcome(outcome: &'static str) {
+    // The guard decides inside the service's idempotency span.
+    tracing::Span::current().record("idempotency.outcome", outcome);
     let _ = REQUEST.try_with(|c| c.borrow_mut().outcome = Some(outcome));
 }
 

@@ -42,6 +42,31 @@ impl TraceContext {
     pub fn trace_id(&self) -> &str {
         &self.traceparent[3..35]
     }
+
+    /// The context as OpenTelemetry's remote parent.
+    pub fn span_context(&self) -> Option<opentelemetry::trace::SpanContext> {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+        let flags = u8::from_str_radix(&self.traceparent[53..55], 16).ok()?;
+        let state = match &self.tracestate {
+            Some(state) => state.parse::<TraceState>().ok()?,
+            None => TraceState::default(),
+        };
+        Some(SpanContext::new(
+            TraceId::from_hex(self.trace_id()).ok()?,
+            SpanId::from_hex(&self.traceparent[36..52]).ok()?,
+            TraceFlags::new(flags),
+            true,
+            state,
+        ))
+    }
+
+    /// The context of a stored event (its `traceparent` and `tracestate` columns).
+    pub fn from_stored(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
+        Some(Self {
+            traceparent: parse_traceparent(traceparent?)?,
+            tracestate: tracestate.map(str::to_string),
+        })
+    }
 }
 
 /// A valid `traceparent` in version-`00` form, or `None`.

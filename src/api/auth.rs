@@ -15,7 +15,6 @@ use super::{
 use crate::{
     auth::{AuthError, Verifier},
     service::Caller,
-    trace_context::TraceContext,
 };
 
 /// JWT bearer token with `tenant_id`, `sub`, `exp` and `scope` claims; `orders:write`
@@ -61,7 +60,7 @@ async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Admitted> 
     let caller = authenticate(verifier, &bearer.token)
         .await
         .map_err(Problem::from)?
-        .with_trace(TraceContext::from_headers(req.headers()));
+        .with_trace(crate::telemetry::request_trace(req.headers()));
     let route = Route::of_path(req.uri().path());
     let admission = limiter.admit(caller.tenant(), route).await?;
     Ok(Admitted {

@@ -22,22 +22,37 @@ use super::{
     routes::Route,
     server::Conn,
 };
-use crate::{metrics, telemetry};
+use crate::{metrics, telemetry, trace_context::TraceContext};
+use tracing::Instrument;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest accepted request target (path and query).
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Request id, metrics and the request log line, around everything else.
+/// Request id, metrics, the request's server span and its log line, around everything
+/// else.
 pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
     let started = Instant::now();
     let method = req.method().clone();
     let route = Route::of_path(req.uri().path());
     let request_id = request_id(&req);
-    let (response, context) = telemetry::with_request_context(async {
-        inner.call(req).await.map(IntoResponse::into_response)
-    })
+    let trace = TraceContext::from_headers(req.headers());
+    // HTTP semantic conventions: the route template, never the path with its ids.
+    let span = tracing::info_span!(
+        target: telemetry::SPANS,
+        "request",
+        otel.name = %format_args!("{method} {}", route.as_str()),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = route.as_str(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    telemetry::continue_trace(&span, trace.as_ref());
+    let (response, context) = telemetry::with_request_context(
+        async { inner.call(req).await.map(IntoResponse::into_response) }.instrument(span.clone()),
+    )
     .await;
     // The layers inside turn every error into a response; this is only a backstop.
     let mut response = response.unwrap_or_else(|err| err.into_response());
@@ -47,6 +62,11 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
     let status = response.status().as_u16();
     let elapsed = started.elapsed().as_secs_f64();
     metrics::http_request(method.as_str(), route, status, elapsed);
+    span.record("http.response.status_code", status);
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+    let (trace_id, span_id) = telemetry::trace_ids(&span, trace.as_ref());
     tracing::info!(
         method = %method,
         route = route.as_str(),
@@ -57,6 +77,8 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
         sub = context.subject,
         request_id = %request_id,
         idempotency = context.outcome,
+        trace_id,
+        span_id,
         "request"
     );
     Ok(response)

@@ -90,6 +90,11 @@ pub trait Publisher: Send + Sync {
         &'a self,
         messages: &'a [Message],
     ) -> Pin<Box<dyn Future<Output = Outcomes> + Send + 'a>>;
+
+    /// Where messages go, for the publish spans' `messaging.destination.name`.
+    fn destination(&self) -> &str {
+        "unknown"
+    }
 }
 
 /// Classifies an AWS error code (SNS or KMS) of a refused entry. Unknown codes count as

@@ -26,7 +26,7 @@ use super::{
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
-use crate::{config::OutboxConfig, db::Db, metrics};
+use crate::{config::OutboxConfig, db::Db, metrics, telemetry, trace_context::TraceContext};
 
 /// The NOTIFY channel the `outbox_event` insert trigger signals.
 pub const CHANNEL: &str = "outbox_event";
@@ -214,6 +214,11 @@ impl Relay {
             });
         }
         let messages: Vec<Message> = batch.iter().map(to_message).collect();
+        let destination = self.publisher.destination();
+        let spans: Vec<tracing::Span> = batch
+            .iter()
+            .map(|event| publish_span(event, destination))
+            .collect();
         let started = std::time::Instant::now();
         let outcomes = self.publisher.publish(&messages).await;
         tracing::debug!(
@@ -229,7 +234,11 @@ impl Relay {
         let mut published = Vec::new();
         let mut failures = Vec::new();
         let mut not_sent = Vec::new();
-        for (event, outcome) in batch.iter().zip(outcomes) {
+        for ((event, outcome), span) in batch.iter().zip(outcomes).zip(spans) {
+            if !matches!(outcome, Outcome::Published) {
+                span.record("otel.status_code", "ERROR");
+            }
+            drop(span); // ends with the publish it stands for
             match outcome {
                 Outcome::Published => {
                     metrics::published(TypeLabel::of(&event.event_type), event.age_secs);
@@ -309,6 +318,27 @@ impl Relay {
             error: format!("{}: {}", error.reason, error.detail),
         }
     }
+}
+
+/// The producer span of one event's publish (messaging semantic conventions), a child
+/// of the trace the event carries from the request that caused it.
+fn publish_span(event: &PendingEvent, destination: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: telemetry::SPANS,
+        "publish",
+        otel.name = "orders publish",
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "aws_sns",
+        messaging.operation.type = "send",
+        messaging.destination.name = destination,
+        messaging.message.id = %event.event_id,
+        event_type = %TypeLabel::of(&event.event_type).as_str(),
+    );
+    let stored =
+        TraceContext::from_stored(event.trace_parent.as_deref(), event.trace_state.as_deref());
+    telemetry::continue_trace(&span, stored.as_ref());
+    span
 }
 
 fn to_message(event: &PendingEvent) -> Message {

@@ -191,6 +191,11 @@ impl SnsPublisher {
 }
 
 impl Publisher for SnsPublisher {
+    /// The topic's name (the last part of its ARN).
+    fn destination(&self) -> &str {
+        self.topic_arn.rsplit(':').next().unwrap_or(&self.topic_arn)
+    }
+
     fn publish<'a>(
         &'a self,
         messages: &'a [Message],

@@ -29,9 +29,11 @@ use crate::{
     idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
+    telemetry,
     tenant::TenantId,
     trace_context::TraceContext,
 };
+use tracing::Instrument;
 
 label_enum! {
     /// The idempotent operations, by method and route template: the `endpoint` of an
@@ -92,6 +94,28 @@ impl Caller {
 /// (status, body bytes, `Location`, and whether it is the stored reply of an earlier
 /// request), for reads as for writes.
 pub type Reply = Answer;
+
+/// The span of an idempotency decision; the guard records its outcome.
+fn decision_span() -> tracing::Span {
+    tracing::info_span!(
+        target: telemetry::SPANS,
+        "idempotency",
+        idempotency.outcome = tracing::field::Empty,
+    )
+}
+
+/// The span of an operation's database work (database semantic conventions; never a
+/// parameter value).
+fn db_span(operation: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        target: telemetry::SPANS,
+        "db",
+        otel.name = operation,
+        otel.kind = "client",
+        db.system.name = "postgresql",
+        db.operation.name = operation,
+    )
+}
 
 /// A reply made just now (not a replay).
 fn fresh(response: StoredResponse) -> Reply {
@@ -179,24 +203,28 @@ impl Service {
         let answer = self
             .guard
             .run_in_one_statement(&scope, create_fingerprint(&new), move |conn, fence| {
-                Box::pin(async move {
-                    let order = orders::Order::created(&new, fence.at);
-                    let response = StoredResponse {
-                        location: Some(format!("/v1/orders/{}", order.id)),
-                        ..json(201, &OrderView::from(order.clone()))
-                    };
-                    let written = orders::store::create(
-                        conn,
-                        statements,
-                        &fence,
-                        &response,
-                        &order,
-                        trace.as_ref(),
-                    )
-                    .await?;
-                    Ok::<_, Problem>(written.then_some(response))
-                })
+                Box::pin(
+                    async move {
+                        let order = orders::Order::created(&new, fence.at);
+                        let response = StoredResponse {
+                            location: Some(format!("/v1/orders/{}", order.id)),
+                            ..json(201, &OrderView::from(order.clone()))
+                        };
+                        let written = orders::store::create(
+                            conn,
+                            statements,
+                            &fence,
+                            &response,
+                            &order,
+                            trace.as_ref(),
+                        )
+                        .await?;
+                        Ok::<_, Problem>(written.then_some(response))
+                    }
+                    .instrument(db_span("create order")),
+                )
             })
+            .instrument(decision_span())
             .await?;
         Ok(answer)
     }
@@ -222,22 +250,26 @@ impl Service {
         let answer = self
             .guard
             .run(&scope, cancel_fingerprint(id), move |tx, _| {
-                Box::pin(async move {
-                    Ok::<_, Problem>(
-                        match orders::store::cancel(tx, statements, tenant, id, trace.as_ref())
-                            .await?
-                        {
-                            CancelOutcome::Cancelled(order)
-                            | CancelOutcome::AlreadyCancelled(order) => {
-                                json(200, &OrderView::from(order))
-                            }
-                            CancelOutcome::NotFound => {
-                                refusal(&not_found(id), format!("/v1/orders/{id}"))
-                            }
-                        },
-                    )
-                })
+                Box::pin(
+                    async move {
+                        Ok::<_, Problem>(
+                            match orders::store::cancel(tx, statements, tenant, id, trace.as_ref())
+                                .await?
+                            {
+                                CancelOutcome::Cancelled(order)
+                                | CancelOutcome::AlreadyCancelled(order) => {
+                                    json(200, &OrderView::from(order))
+                                }
+                                CancelOutcome::NotFound => {
+                                    refusal(&not_found(id), format!("/v1/orders/{id}"))
+                                }
+                            },
+                        )
+                    }
+                    .instrument(db_span("cancel order")),
+                )
             })
+            .instrument(decision_span())
             .await?;
         Ok(answer)
     }
@@ -251,6 +283,7 @@ impl Service {
         let found = self
             .db
             .run(async |c| orders::store::get(c, self.db.statements(), tenant, id).await)
+            .instrument(db_span("get order"))
             .await?;
         match found {
             Some(order) => Ok(fresh(json(200, &OrderView::from(order)))),
@@ -286,6 +319,7 @@ impl Service {
             .run(async |c| {
                 orders::store::list(c, self.db.statements(), tenant, limit + 1, after).await
             })
+            .instrument(db_span("list orders"))
             .await?;
         let next = if items.len() as i64 > limit {
             items.truncate(limit as usize);

@@ -38,7 +38,6 @@ use super::{
 use crate::{
     auth::{AuthError, SCOPE_READ, SCOPE_WRITE},
     service,
-    trace_context::TraceContext,
 };
 
 /// Where the protected-resource metadata is served.
@@ -101,7 +100,7 @@ impl Mcp {
         let caller = authenticate(&self.verifier, token)
             .await
             .map_err(|e| challenge(&self.public_url, e))?
-            .with_trace(TraceContext::from_headers(req.headers()));
+            .with_trace(crate::telemetry::request_trace(req.headers()));
 
         let (parts, body) = req.into_parts();
         let bytes = body

@@ -20,6 +20,7 @@ use rmcp::{
     service::RequestContext,
 };
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{
@@ -32,6 +33,7 @@ use crate::{
     idempotency::IdempotencyKey,
     orders::NewOrder,
     service::{Caller, LIMIT_DEFAULT, LIMIT_MAX, Reply, Service},
+    telemetry,
 };
 
 /// The pattern of `requestId`: an Idempotency-Key without the quoted form.
@@ -119,7 +121,17 @@ impl ServerHandler for OrderTools {
             .ok_or_else(|| ErrorData::internal_error("the request carries no caller", None))?;
         let args = request.arguments.unwrap_or_default();
         let name = request.name.to_string();
-        let outcome = self.call(&caller, &name, args).await;
+        // A span per tool call, named by the tool (a name no tool has is never an
+        // attribute), in the request's trace even when the SDK runs it on a task of
+        // its own.
+        let span = tracing::info_span!(
+            target: telemetry::SPANS,
+            "tool",
+            otel.name = %format_args!("tools/call {}", Tool::named(&name).map_or("unknown", Tool::name)),
+            mcp.tool.name = Tool::named(&name).map_or("unknown", Tool::name),
+        );
+        telemetry::continue_trace(&span, caller.trace());
+        let outcome = self.call(&caller, &name, args).instrument(span).await;
         let status = match &outcome {
             Ok(reply) => reply.response.status,
             Err(problem) => problem.kind.status().as_u16(),
