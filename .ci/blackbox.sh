@@ -198,3 +198,53 @@ check_otlp() {
     kill "$receiver" 2>/dev/null || true
     return "$status"
 }
+
+# The reference consumer (examples/consumer), with boto3 against moto's SQS: every event
+# applied once, duplicates and an unknown type harmless, the caller's trace continued.
+check_consumer() {
+    local bin="$1" python run tenant_token url trace_id out
+    log "examples/consumer: at least once in, exactly once applied, unknown types skipped"
+    python="$(py_venv 'boto3==1.*' 'psycopg[binary]==3.*' 'opentelemetry-sdk==1.39.*')"
+    moto_topic "$ORDERD_MOTO_ENDPOINT" "consumer-$(cat /proc/sys/kernel/random/uuid)"
+    start_blackbox "$bin" ORDERD_RELAY=on ORDERD_SNS_TOPIC_ARN="$TOPIC_ARN" \
+        AWS_ENDPOINT_URL="$ORDERD_MOTO_ENDPOINT" AWS_REGION=us-east-1 \
+        AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+    url="${DATABASE_URL%/*}/$BLACKBOX_DB"
+    trace_id="$(cat /proc/sys/kernel/random/uuid | tr -d -)"
+    local base="http://127.0.0.1:$BLACKBOX_PORT" ids=() i
+    for i in 1 2 3; do
+        ids+=("$(curl -fsS "$base/v1/orders" -H "Authorization: Bearer $BLACKBOX_TOKEN" \
+            -H 'content-type: application/json' -H "Idempotency-Key: consumer-$i-$trace_id" \
+            -H "traceparent: 00-$trace_id-00f067aa0ba902b7-01" \
+            -d "{\"sku\":\"CONSUMER-$i\",\"quantity\":$i}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')")
+    done
+    curl -fsS -X POST "$base/v1/orders/${ids[0]}/cancel" -H "Authorization: Bearer $BLACKBOX_TOKEN" \
+        -H "Idempotency-Key: consumer-cancel-$trace_id" >/dev/null
+    # A newer release's event type, written as that release would.
+    psql "$url" -Xqc "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+        VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderRefunded', '{\"event_id\": \"00000000-0000-0000-0000-000000000001\", \"event_type\": \"OrderRefunded\"}', now(), now())"
+    run() {
+        AWS_DEFAULT_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
+            "$python" examples/consumer/consumer.py --queue-url "$QUEUE_URL" --database-url "$url" \
+            --endpoint-url "$ORDERD_MOTO_ENDPOINT" --idle-exit 5
+    }
+    out="$(run)"
+    printf '%s\n' "$out"
+    # At least once: the relay publishes every event once more (same event_id).
+    psql "$url" -Xqc "UPDATE outbox_event SET status = 'PENDING', next_attempt_at = now() WHERE event_type <> 'OrderRefunded'"
+    local again
+    again="$(run)"
+    printf '%s\n' "$again"
+    stop_blackbox
+    local applied skipped duplicates traced statuses
+    applied="$(grep -c '^applied ' <<<"$out")"
+    skipped="$(grep -c '^skipped .* OrderRefunded ' <<<"$out")"
+    duplicates="$(grep -c '^duplicate ' <<<"$again")"
+    traced="$(grep -c "trace=$trace_id" <<<"$out")"
+    [ "$applied" = 4 ] || { log "applied $applied events, not 4"; return 1; }
+    [ "$skipped" = 1 ] || { log "the unknown type was not skipped once"; return 1; }
+    [ "$duplicates" = 4 ] && ! grep -q '^applied ' <<<"$again" \
+        || { log "redelivered events were applied again"; return 1; }
+    [ "$traced" -ge 3 ] || { log "only $traced handled events continued the caller's trace"; return 1; }
+    log "examples/consumer: 4 applied once, 4 duplicates ignored, the unknown type skipped, $traced in the caller's trace"
+}
