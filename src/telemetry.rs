@@ -124,13 +124,19 @@ pub fn continue_trace(span: &tracing::Span, trace: Option<&TraceContext>) {
     }
 }
 
-/// The trace context a write keeps with its events: the caller's, when the request
-/// carried a valid one; else that of the request's own span, when tracing is on.
-pub fn request_trace(headers: &http::HeaderMap) -> Option<TraceContext> {
-    TraceContext::from_headers(headers).or_else(|| {
-        let context = tracing::Span::current().context();
-        let own = context.span().span_context().clone();
-        own.is_valid().then(|| TraceContext {
+/// The OpenTelemetry context of `span`, when tracing is on and the span is recorded.
+fn own_context(span: &tracing::Span) -> Option<opentelemetry::trace::SpanContext> {
+    let context = span.context();
+    let own = context.span().span_context().clone();
+    own.is_valid().then_some(own)
+}
+
+/// The trace context a write keeps with its events: the caller's (as the request
+/// middleware parsed it), when the request carried a valid one; else that of the
+/// request's own span, when tracing is on.
+pub fn request_trace(caller: Option<&TraceContext>) -> Option<TraceContext> {
+    caller.cloned().or_else(|| {
+        own_context(&tracing::Span::current()).map(|own| TraceContext {
             traceparent: format!(
                 "00-{}-{}-{:02x}",
                 own.trace_id(),
@@ -148,15 +154,13 @@ pub fn trace_ids(
     span: &tracing::Span,
     trace: Option<&TraceContext>,
 ) -> (Option<String>, Option<String>) {
-    let context = span.context();
-    let own = context.span().span_context().clone();
-    if own.is_valid() {
-        return (
+    match own_context(span) {
+        Some(own) => (
             Some(own.trace_id().to_string()),
             Some(own.span_id().to_string()),
-        );
+        ),
+        None => (trace.map(|t| t.trace_id().to_string()), None),
     }
-    (trace.map(|t| t.trace_id().to_string()), None)
 }
 
 /// One field of a text log line, `name=value` (the message alone), with every control

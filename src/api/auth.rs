@@ -60,7 +60,7 @@ async fn verify_bearer(req: &Request, bearer: Bearer) -> poem::Result<Admitted> 
     let caller = authenticate(verifier, &bearer.token)
         .await
         .map_err(Problem::from)?
-        .with_trace(crate::telemetry::request_trace(req.headers()));
+        .with_trace(crate::telemetry::request_trace(req.extensions().get()));
     let route = Route::of_path(req.uri().path());
     let admission = limiter.admit(caller.tenant(), route).await?;
     Ok(Admitted {

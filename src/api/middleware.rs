@@ -32,7 +32,7 @@ pub const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// Request id, metrics, the request's server span and its log line, around everything
 /// else.
-pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
+pub async fn access_log<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::Result<Response> {
     let started = Instant::now();
     let method = req.method().clone();
     let route = Route::of_path(req.uri().path());
@@ -50,6 +50,11 @@ pub async fn access_log<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Resul
         otel.status_code = tracing::field::Empty,
     );
     telemetry::continue_trace(&span, trace.as_ref());
+    // Parsed once here; the transports read it from the request when they build the
+    // caller.
+    if let Some(trace) = &trace {
+        req.extensions_mut().insert(trace.clone());
+    }
     let (response, context) = telemetry::with_request_context(
         async { inner.call(req).await.map(IntoResponse::into_response) }.instrument(span.clone()),
     )

@@ -100,7 +100,7 @@ impl Mcp {
         let caller = authenticate(&self.verifier, token)
             .await
             .map_err(|e| challenge(&self.public_url, e))?
-            .with_trace(crate::telemetry::request_trace(req.headers()));
+            .with_trace(crate::telemetry::request_trace(req.extensions().get()));
 
         let (parts, body) = req.into_parts();
         let bytes = body
