@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use crate::db::Statements;
 
-/// A claimed event, ready to publish.
-#[derive(Debug, Clone)]
+/// A claimed event, ready to publish: one row of [`CLAIM_DUE`], read as it is.
+#[derive(Debug, Clone, FromRow)]
 pub struct PendingEvent {
     pub tenant_id: Uuid,
     pub event_id: Uuid,
@@ -49,19 +49,6 @@ pub struct Claimed {
 /// Longest `event_type` forwarded; also what SNS and Kafka take as an attribute or a
 /// header without complaint.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
-
-#[derive(sqlx::FromRow)]
-struct PendingRow {
-    tenant_id: Uuid,
-    event_id: Uuid,
-    aggregate_id: Uuid,
-    event_type: String,
-    payload: String,
-    attempts: i32,
-    age_secs: f64,
-    trace_parent: Option<String>,
-    trace_state: Option<String>,
-}
 
 /// Up to `$1` due events that are the oldest unpublished event of their order, leased
 /// for `$2` milliseconds to the relay round `$3` (its claim, which fences what it
@@ -194,30 +181,20 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
             reason: format!("unreadable: {reason}"),
         }
     };
-    let row = PendingRow::from_row(row).map_err(|e| unreadable(e.to_string()))?;
-    let event_type_fits = !row.event_type.is_empty()
-        && row.event_type.len() <= MAX_EVENT_TYPE_LEN
-        && row.event_type.bytes().all(|b| b.is_ascii_graphic());
+    let event = PendingEvent::from_row(row).map_err(|e| unreadable(e.to_string()))?;
+    let event_type_fits = !event.event_type.is_empty()
+        && event.event_type.len() <= MAX_EVENT_TYPE_LEN
+        && event.event_type.bytes().all(|b| b.is_ascii_graphic());
     if !event_type_fits {
         return Err(unreadable(format!(
             "event_type must be 1 to {MAX_EVENT_TYPE_LEN} printable ASCII characters"
         )));
     }
     // jsonb renders an object with a leading brace and nothing else that way.
-    if !row.payload.starts_with('{') {
+    if !event.payload.starts_with('{') {
         return Err(unreadable("the payload is not a JSON object".into()));
     }
-    Ok(PendingEvent {
-        tenant_id: row.tenant_id,
-        event_id: row.event_id,
-        aggregate_id: row.aggregate_id,
-        event_type: row.event_type,
-        payload: row.payload,
-        attempts: row.attempts,
-        age_secs: row.age_secs,
-        trace_parent: row.trace_parent,
-        trace_state: row.trace_state,
-    })
+    Ok(event)
 }
 
 /// Marks events acknowledged by SNS, where `claim` still holds them.
