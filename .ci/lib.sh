@@ -134,6 +134,54 @@ ensure_moto() {
     export PATH="$(dirname "$moto"):$PATH"
 }
 
+# What the bundled librdkafka (the Kafka producer) needs to build: a C compiler, make,
+# pkg-config, OpenSSL and zlib headers. A fresh Debian with Rust has most of them.
+ensure_build_deps() {
+    local missing=()
+    command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+    pkg-config --exists zlib 2>/dev/null || missing+=(zlib1g-dev)
+    [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+}
+
+# Prints the path of tansu, a Kafka-compatible broker from crates.io (Apache Kafka
+# itself ships through a registry this machine cannot reach): the one on PATH, else
+# one built once under the target dir (about nine minutes on two cores) and reused.
+tansu_bin() {
+    local found root
+    found="$(command -v tansu || true)"
+    if [ -n "$found" ]; then
+        printf '%s\n' "$found"
+        return
+    fi
+    root="$(target_dir)/tools"
+    if [ ! -x "$root/bin/tansu" ]; then
+        log "building tansu 0.6.0 into $root (once: about nine minutes on two cores)"
+        CARGO_TARGET_DIR="$root/build" cargo install tansu --version 0.6.0 --locked \
+            --features dynostore --root "$root" --quiet >&2
+        rm -rf "$root/build"
+    fi
+    printf '%s\n' "$root/bin/tansu"
+}
+
+# Starts tansu with memory storage on 127.0.0.1:$1 and waits for it; exports
+# KAFKA_BROKERS and KAFKA_PID. Topics are not created automatically: see kafka_topic.
+start_kafka() {
+    local port="$1" tansu i
+    tansu="$(tansu_bin)"
+    "$tansu" broker --listener-url "tcp://127.0.0.1:$port" \
+        --advertised-listener-url "tcp://127.0.0.1:$port" --storage-engine memory://tansu/ \
+        >"$(target_dir)/tansu-$port.log" 2>&1 &
+    KAFKA_PID=$!
+    for i in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    export KAFKA_BROKERS="127.0.0.1:$port"
+}
+
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }

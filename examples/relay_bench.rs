@@ -1,13 +1,15 @@
 //! Relay benchmark: commit-to-publish latency at a given write rate, and the drain rate
-//! of a large backlog, against SNS (moto, or wherever the AWS SDK's chain points) or a
-//! publisher that acknowledges at once (the relay's own cost). Prints numbers; asserts
-//! nothing.
+//! of a large backlog, against SNS (moto, or wherever the AWS SDK's chain points), Kafka
+//! (`ORDERD_KAFKA_BROKERS` and an existing `ORDERD_KAFKA_TOPIC`) or a publisher that
+//! acknowledges at once (the relay's own cost). Prints numbers; asserts nothing.
 //!
 //! ```sh
 //! AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
 //!   cargo run --release --example relay_bench -- --database-url postgres://postgres@127.0.0.1/bench \
 //!   latency --rate 1000 --seconds 10 --publisher immediate
 //! cargo run --release --example relay_bench -- --database-url ... drain --events 100000 --publisher immediate
+//! ORDERD_KAFKA_BROKERS=127.0.0.1:9092 ORDERD_KAFKA_TOPIC=bench \
+//!   cargo run --release --example relay_bench -- --database-url ... drain --publisher kafka
 //! ```
 //! The database is the benchmark's own: it is migrated and its orders and outbox are
 //! emptied before each run.
@@ -74,6 +76,8 @@ enum Scenario {
 enum Target {
     /// A new topic on the SNS endpoint of the AWS SDK's configuration chain.
     Sns,
+    /// The Kafka topic of `ORDERD_KAFKA_BROKERS` and `ORDERD_KAFKA_TOPIC` (it must exist).
+    Kafka,
     /// Acknowledges everything at once: the relay's own cost.
     Immediate,
 }
@@ -120,9 +124,19 @@ impl Publisher for Stamped {
     }
 }
 
-async fn publisher(target: Target) -> Arc<dyn Publisher> {
+async fn publisher(target: Target, config: &Config) -> Arc<dyn Publisher> {
     match target {
         Target::Immediate => Arc::new(Immediate),
+        Target::Kafka => {
+            let kafka = config
+                .outbox
+                .kafka
+                .as_ref()
+                .expect("ORDERD_KAFKA_BROKERS and ORDERD_KAFKA_TOPIC are set");
+            orderd::outbox::kafka::KafkaPublisher::connect(kafka, config.outbox.publish_timeout)
+                .await
+                .expect("the Kafka publisher starts")
+        }
         Target::Sns => {
             let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .load()
@@ -370,14 +384,16 @@ async fn main() {
             poll_only,
         } => {
             let config = config(&args.database_url, 100);
-            latency(config, publisher(target).await, !poll_only, rate, seconds).await;
+            let publisher = publisher(target, &config).await;
+            latency(config, publisher, !poll_only, rate, seconds).await;
         }
         Scenario::Drain {
             events,
             publisher: target,
         } => {
             let config = config(&args.database_url, 500);
-            drain(config, publisher(target).await, events).await;
+            let publisher = publisher(target, &config).await;
+            drain(config, publisher, events).await;
         }
     }
 }

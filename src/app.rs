@@ -9,10 +9,10 @@ use tokio::net::TcpListener;
 use crate::{
     api::{self, server::Limits},
     auth::{self, Verifier},
-    config::{self, Config, bind_address},
+    config::{self, Config, Sink, bind_address},
     db::{self, Db},
     idempotency::Guard,
-    outbox::{self, publisher::Publisher, relay::Relay, sns::SnsPublisher},
+    outbox::{self, kafka::KafkaPublisher, publisher::Publisher, relay::Relay, sns::SnsPublisher},
     reconcile,
     retention::{self, Purges},
     service::Service,
@@ -38,19 +38,21 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 /// `orderd relay`: the relay, the outbox purge and the outbox gauges alone, with
-/// `/metrics` on `ORDERD_METRICS_BIND`, until SIGINT or SIGTERM.
+/// `/metrics` and `/readyz` on `ORDERD_METRICS_BIND`, until SIGINT or SIGTERM.
 pub async fn relay(config: Config) -> anyhow::Result<()> {
-    let publisher = sns_publisher(&config).await?;
+    let publisher = publisher(&config).await?;
     let db = db::connect_db(&config).await?;
     run_relay(config, db, publisher, shutdown_signal()).await
 }
 
-/// The SNS publisher for `ORDERD_SNS_TOPIC_ARN`, through the AWS SDK's own chain.
-pub async fn sns_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
-    let topic = config.relay_topic()?.to_string();
-    Ok(Arc::new(
-        SnsPublisher::from_env(topic, config.outbox.publish_timeout).await,
-    ))
+/// The publisher of the one configured sink: SNS through the AWS SDK's own chain, or
+/// Kafka.
+pub async fn publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
+    let timeout = config.outbox.publish_timeout;
+    Ok(match config.relay_sink()? {
+        Sink::Sns(topic) => Arc::new(SnsPublisher::from_env(topic.to_string(), timeout).await),
+        Sink::Kafka(kafka) => KafkaPublisher::connect(kafka, timeout).await?,
+    })
 }
 
 /// A bound, not yet running `orderd serve`.
@@ -75,10 +77,10 @@ struct RelayParts {
 
 impl Application {
     /// Binds the listener (so the address is known before serving), checks the keys and,
-    /// unless the relay is off, builds the SNS publisher.
+    /// unless the relay is off, builds the publisher.
     pub async fn build(config: Config, db: Db) -> anyhow::Result<Self> {
         let publisher = match config.relay_in_serve {
-            true => Some(sns_publisher(&config).await?),
+            true => Some(publisher(&config).await?),
             false => None,
         };
         Self::build_with_publisher(config, db, publisher).await
@@ -165,7 +167,12 @@ impl Application {
         let metrics_apart = self.metrics_listener.is_some();
         if let Some((listener, address)) = self.metrics_listener {
             tracing::info!(address = %address, "metrics listening");
-            spawn_ops_listener(&supervisor, listener, limits(&self.config));
+            spawn_ops_listener(
+                &supervisor,
+                listener,
+                limits(&self.config),
+                api::Probes::Live,
+            );
         }
         tracing::info!(address = %self.address, "orderd listening");
         let shared = api::Shared::new(self.verifier, &self.config);
@@ -201,7 +208,11 @@ pub async fn run_relay(
         Some(metrics_bind) => {
             let (listener, address) = bind(metrics_bind, config::METRICS_BIND.name).await?;
             tracing::info!(address = %address, "relay metrics listening");
-            spawn_ops_listener(&supervisor, listener, limits(&config));
+            let probes = api::Probes::Relay {
+                db: db.clone(),
+                sink: publisher.clone(),
+            };
+            spawn_ops_listener(&supervisor, listener, limits(&config), probes);
         }
         None => tracing::info!("ORDERD_METRICS_BIND is not set: the relay serves no metrics"),
     }
@@ -236,13 +247,18 @@ fn spawn_auth_jobs(supervisor: &Supervisor, shared: &api::Shared) {
     supervisor.spawn("tenant limits", |token| api::limits::tidy(limiter, token));
 }
 
-/// `/metrics` and `/healthz` on a listener of their own, until shutdown, served and
+/// `/metrics` and the probes on a listener of their own, until shutdown, served and
 /// stopped as the API listener is.
-fn spawn_ops_listener(supervisor: &Supervisor, listener: TcpListener, limits: Limits) {
+fn spawn_ops_listener(
+    supervisor: &Supervisor,
+    listener: TcpListener,
+    limits: Limits,
+    probes: api::Probes,
+) {
     supervisor.spawn("ops listener", |token| async move {
         let served = api::server::serve(
             listener,
-            api::ops_routes(),
+            api::ops_routes(probes),
             limits,
             token.cancelled_owned(),
             OPS_SHUTDOWN_GRACE,

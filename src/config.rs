@@ -92,14 +92,17 @@ mod table {
     setting!(WORKER_THREADS, "ORDERD_WORKER_THREADS", Some("0"), range(0, 1024), "threads that run requests, the relay and the jobs; `0`: one per CPU core. On a small machine shared with PostgreSQL, `1` spends less CPU per request (fewer wake-ups between threads)");
     setting!(LOG_FORMAT, "ORDERD_LOG_FORMAT", Some("text"), Kind::Choice(&["text", "json"]), "`json` for one JSON object per log line");
     setting!(RELAY, "ORDERD_RELAY", Some("on"), Kind::Switch, "`off`: `serve` runs no relay (run `orderd relay` elsewhere)");
-    setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "where the relay publishes; required where a relay runs; a `.fifo` ARN adds message group and deduplication ids");
+    setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "the SNS topic the relay publishes to; a relay needs exactly one sink, this or Kafka; a `.fifo` ARN adds message group and deduplication ids");
+    setting!(KAFKA_BROKERS, "ORDERD_KAFKA_BROKERS", None, Kind::Text, "bootstrap servers (`host:port,host:port`) of the Kafka cluster the relay publishes to instead of SNS; needs `ORDERD_KAFKA_TOPIC`");
+    setting!(KAFKA_TOPIC, "ORDERD_KAFKA_TOPIC", None, Kind::Text, "the Kafka topic the relay publishes to (it must exist; orderd does not create it); needs `ORDERD_KAFKA_BROKERS`");
+    setting!(KAFKA_CONFIG, "ORDERD_KAFKA_CONFIG", None, Kind::Secret, "further producer properties as `name=value` pairs separated by commas (`security.protocol=SASL_SSL,sasl.mechanism=PLAIN,...`); values are never logged; the delivery guarantees (`acks`, `enable.idempotence`, the timeouts orderd derives) cannot be set here");
     setting!(OUTBOX_BATCH_SIZE, "ORDERD_OUTBOX_BATCH_SIZE", Some("100"), range(1, 1000), "events claimed per relay round");
     setting!(OUTBOX_PARALLEL_ROUNDS, "ORDERD_OUTBOX_PARALLEL_ROUNDS", Some("2"), range(1, 32), "rounds (claim, publish, mark) one relay runs at once, so that a backlog keeps the database and SNS busy together; in `serve` each has a database connection of its own, apart from the API's pool");
     setting!(OUTBOX_POLL_MS, "ORDERD_OUTBOX_POLL_MS", Some("1000"), range(1, 60_000), "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)");
-    setting!(OUTBOX_MAX_ATTEMPTS, "ORDERD_OUTBOX_MAX_ATTEMPTS", Some("10"), range(1, 1000), "entry-level SNS rejections before an event is DEAD (a permanent one: at once)");
+    setting!(OUTBOX_MAX_ATTEMPTS, "ORDERD_OUTBOX_MAX_ATTEMPTS", Some("10"), range(1, 1000), "rejections of the event itself (by SNS, or by Kafka for the one record) before it is DEAD (a permanent one: at once)");
     setting!(OUTBOX_BACKOFF_INITIAL_MS, "ORDERD_OUTBOX_BACKOFF_INITIAL_MS", Some("2000"), range(1, 3_600_000), "first retry delay; doubles per failure, with jitter");
     setting!(OUTBOX_BACKOFF_MAX_MS, "ORDERD_OUTBOX_BACKOFF_MAX_MS", Some("60000"), range(1, 86_400_000), "longest retry delay (not below the initial one)");
-    setting!(OUTBOX_PUBLISH_TIMEOUT_MS, "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", Some("10000"), range(100, 120_000), "bound on one SNS call");
+    setting!(OUTBOX_PUBLISH_TIMEOUT_MS, "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", Some("10000"), range(100, 120_000), "bound on one SNS call, or on a Kafka record's delivery (its `message.timeout.ms`)");
     setting!(OUTBOX_RETENTION_SECS, "ORDERD_OUTBOX_RETENTION_SECS", Some("86400"), range(1, 31_536_000), "how long published events are kept before the purge deletes them");
 
     /// Every setting, in the order the README lists them.
@@ -111,7 +114,7 @@ mod table {
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &PUBLIC_URL, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
         &WORKER_THREADS, &LOG_FORMAT,
-        &RELAY, &SNS_TOPIC_ARN, &OUTBOX_BATCH_SIZE, &OUTBOX_PARALLEL_ROUNDS, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
+        &RELAY, &SNS_TOPIC_ARN, &KAFKA_BROKERS, &KAFKA_TOPIC, &KAFKA_CONFIG, &OUTBOX_BATCH_SIZE, &OUTBOX_PARALLEL_ROUNDS, &OUTBOX_POLL_MS, &OUTBOX_MAX_ATTEMPTS,
         &OUTBOX_BACKOFF_INITIAL_MS, &OUTBOX_BACKOFF_MAX_MS, &OUTBOX_PUBLISH_TIMEOUT_MS,
         &OUTBOX_RETENTION_SECS,
     ];
@@ -296,8 +299,11 @@ pub struct IdempotencyConfig {
 /// Settings of the outbox relay (parsed here so that a typo fails at start).
 #[derive(Clone, Debug)]
 pub struct OutboxConfig {
-    /// Where the relay publishes; checked where a relay runs ([`Config::relay_topic`]).
+    /// The SNS topic, if one is set; where a relay runs exactly one sink is
+    /// ([`Config::relay_sink`]).
     pub sns_topic_arn: Option<String>,
+    /// Kafka, if it is set.
+    pub kafka: Option<KafkaConfig>,
     pub batch_size: u32,
     /// Rounds in flight at once in one relay.
     pub parallel_rounds: u32,
@@ -309,6 +315,147 @@ pub struct OutboxConfig {
     pub publish_timeout: Duration,
     /// How long published rows are kept before the purge deletes them.
     pub retention: Duration,
+}
+
+/// Where a relay publishes.
+#[derive(Debug, Clone, Copy)]
+pub enum Sink<'a> {
+    /// An SNS topic, by ARN.
+    Sns(&'a str),
+    Kafka(&'a KafkaConfig),
+}
+
+/// The Kafka sink: where, and the operator's further producer properties.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, as librdkafka takes them.
+    pub brokers: String,
+    pub topic: String,
+    /// `ORDERD_KAFKA_CONFIG`, parsed: names as given, values secret (they may hold
+    /// passwords), none of them one that orderd sets itself.
+    pub properties: Vec<(String, Secret)>,
+}
+
+/// Producer properties the relay sets itself, because the delivery guarantees or the
+/// claim lease depend on them: what `ORDERD_KAFKA_CONFIG` may not set, with why.
+pub const KAFKA_OWNED_PROPERTIES: &[(&str, &str)] = &[
+    (
+        "acks",
+        "every record is acknowledged by all in-sync replicas (acks=all)",
+    ),
+    (
+        "request.required.acks",
+        "every record is acknowledged by all in-sync replicas (acks=all)",
+    ),
+    ("enable.idempotence", "the producer is idempotent"),
+    (
+        "transactional.id",
+        "the relay does not use Kafka transactions",
+    ),
+    ("bootstrap.servers", "set ORDERD_KAFKA_BROKERS"),
+    ("metadata.broker.list", "set ORDERD_KAFKA_BROKERS"),
+    (
+        "message.timeout.ms",
+        "it follows ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS, which the claim lease is derived from",
+    ),
+    (
+        "delivery.timeout.ms",
+        "it follows ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS, which the claim lease is derived from",
+    ),
+];
+
+/// The largest `max.in.flight.requests.per.connection` an idempotent producer keeps
+/// its order with.
+pub const KAFKA_MAX_IN_FLIGHT: u32 = 5;
+
+impl KafkaConfig {
+    /// Kafka's three settings: both of the first two or neither, and the properties
+    /// parsed. No message names a property's value.
+    fn from_env(env: &Env<'_>) -> Result<Option<Self>, ConfigError> {
+        let brokers = env.text(&KAFKA_BROKERS);
+        let topic = env.text(&KAFKA_TOPIC);
+        let properties = parse_kafka_properties(env.text(&KAFKA_CONFIG).as_deref().unwrap_or(""))?;
+        match (brokers, topic) {
+            (Some(brokers), Some(topic)) => Ok(Some(Self {
+                brokers,
+                topic,
+                properties,
+            })),
+            (None, None) if properties.is_empty() => Ok(None),
+            (None, None) => Err(ConfigError::new(format!(
+                "{} is set without {} and {}",
+                KAFKA_CONFIG.name, KAFKA_BROKERS.name, KAFKA_TOPIC.name
+            ))),
+            (Some(_), None) => Err(ConfigError::new(format!(
+                "{} is required with {}",
+                KAFKA_TOPIC.name, KAFKA_BROKERS.name
+            ))),
+            (None, Some(_)) => Err(ConfigError::new(format!(
+                "{} is required with {}",
+                KAFKA_BROKERS.name, KAFKA_TOPIC.name
+            ))),
+        }
+    }
+}
+
+/// `name=value,name=value`: names are librdkafka's (lower case, digits, `.` and `_`),
+/// each at most once, none that the relay owns; values may be anything but a comma.
+fn parse_kafka_properties(text: &str) -> Result<Vec<(String, Secret)>, ConfigError> {
+    let mut properties: Vec<(String, Secret)> = Vec::new();
+    for (i, item) in text.split(',').map(str::trim).enumerate() {
+        if item.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = item.split_once('=') else {
+            return Err(ConfigError::new(format!(
+                "{}: item {} is not `name=value`",
+                KAFKA_CONFIG.name,
+                i + 1
+            )));
+        };
+        let name = name.trim();
+        let value = value.trim();
+        let well_formed = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'_');
+        if !well_formed {
+            return Err(ConfigError::new(format!(
+                "{}: item {} does not start with a property name (lower-case letters, digits, `.`, `_`)",
+                KAFKA_CONFIG.name,
+                i + 1
+            )));
+        }
+        if let Some((_, why)) = KAFKA_OWNED_PROPERTIES
+            .iter()
+            .find(|(owned, _)| *owned == name)
+        {
+            return Err(ConfigError::new(format!(
+                "{} may not set `{name}`: {why}",
+                KAFKA_CONFIG.name
+            )));
+        }
+        if matches!(
+            name,
+            "max.in.flight" | "max.in.flight.requests.per.connection"
+        ) && !value
+            .parse::<u32>()
+            .is_ok_and(|n| (1..=KAFKA_MAX_IN_FLIGHT).contains(&n))
+        {
+            return Err(ConfigError::new(format!(
+                "{}: `{name}` must be 1 to {KAFKA_MAX_IN_FLIGHT}, which an idempotent producer keeps in order",
+                KAFKA_CONFIG.name
+            )));
+        }
+        if properties.iter().any(|(seen, _)| seen == name) {
+            return Err(ConfigError::new(format!(
+                "{}: `{name}` is set twice",
+                KAFKA_CONFIG.name
+            )));
+        }
+        properties.push((name.to_string(), Secret::new(value)));
+    }
+    Ok(properties)
 }
 
 /// How the HTTP server treats connections.
@@ -409,6 +556,7 @@ impl Config {
             relay_in_serve: env.switch(&RELAY)?,
             outbox: OutboxConfig {
                 sns_topic_arn: env.text(&SNS_TOPIC_ARN),
+                kafka: KafkaConfig::from_env(&env)?,
                 batch_size: env.number(&OUTBOX_BATCH_SIZE)? as u32,
                 parallel_rounds: env.number(&OUTBOX_PARALLEL_ROUNDS)? as u32,
                 poll: env.millis(&OUTBOX_POLL_MS)?,
@@ -475,14 +623,20 @@ impl Config {
         Ok(config)
     }
 
-    /// The topic a relay publishes to: required wherever a relay runs.
-    pub fn relay_topic(&self) -> Result<&str, ConfigError> {
-        self.outbox.sns_topic_arn.as_deref().ok_or_else(|| {
-            ConfigError::new(format!(
-                "{} is required to run the relay (or set {}=off)",
-                SNS_TOPIC_ARN.name, RELAY.name
-            ))
-        })
+    /// Where a relay publishes: exactly one sink, SNS or Kafka, wherever a relay runs.
+    pub fn relay_sink(&self) -> Result<Sink<'_>, ConfigError> {
+        match (&self.outbox.sns_topic_arn, &self.outbox.kafka) {
+            (Some(arn), None) => Ok(Sink::Sns(arn)),
+            (None, Some(kafka)) => Ok(Sink::Kafka(kafka)),
+            (Some(_), Some(_)) => Err(ConfigError::new(format!(
+                "{} and {} are both set: a relay publishes to exactly one sink, SNS or Kafka",
+                SNS_TOPIC_ARN.name, KAFKA_BROKERS.name
+            ))),
+            (None, None) => Err(ConfigError::new(format!(
+                "{} (SNS) or {} with {} (Kafka) is required to run the relay (or set {}=off)",
+                SNS_TOPIC_ARN.name, KAFKA_BROKERS.name, KAFKA_TOPIC.name, RELAY.name
+            ))),
+        }
     }
 }
 
@@ -757,6 +911,82 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("ORDERD_INFLIGHT_WAIT_MS"), "{err}");
+    }
+
+    #[test]
+    fn a_relay_has_exactly_one_sink() {
+        let kafka = [
+            ("ORDERD_KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("ORDERD_KAFKA_TOPIC", "orders"),
+        ];
+        let sns = ("ORDERD_SNS_TOPIC_ARN", "arn:aws:sns:us-east-1:1:orders");
+        let sink = |vars: &[(&str, &str)]| {
+            let mut all = vec![("DATABASE_URL", "x")];
+            all.extend_from_slice(vars);
+            let c = config(&all).unwrap();
+            c.relay_sink()
+                .map(|s| format!("{s:?}"))
+                .map_err(|e| e.to_string())
+        };
+        assert!(sink(&[sns]).unwrap().starts_with("Sns"));
+        assert!(sink(&kafka).unwrap().starts_with("Kafka"));
+        let both = sink(&[sns, kafka[0], kafka[1]]).unwrap_err();
+        assert!(
+            both.contains("ORDERD_SNS_TOPIC_ARN") && both.contains("ORDERD_KAFKA_BROKERS"),
+            "{both}"
+        );
+        let neither = sink(&[]).unwrap_err();
+        assert!(
+            neither.contains("ORDERD_SNS_TOPIC_ARN") && neither.contains("ORDERD_KAFKA_TOPIC"),
+            "{neither}"
+        );
+        for (half, missing) in [
+            (kafka[0], "ORDERD_KAFKA_TOPIC"),
+            (kafka[1], "ORDERD_KAFKA_BROKERS"),
+        ] {
+            let err = config(&[("DATABASE_URL", "x"), half])
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(missing), "{err}");
+        }
+    }
+
+    #[test]
+    fn kafka_properties_parse_and_never_weaken_delivery_or_print_a_value() {
+        let with = |properties: &str| {
+            config(&[
+                ("DATABASE_URL", "x"),
+                ("ORDERD_KAFKA_BROKERS", "127.0.0.1:9092"),
+                ("ORDERD_KAFKA_TOPIC", "orders"),
+                ("ORDERD_KAFKA_CONFIG", properties),
+            ])
+        };
+        let c = with(" security.protocol=SASL_SSL, sasl.password=pa=ss ,linger.ms=5,").unwrap();
+        let kafka = c.outbox.kafka.as_ref().unwrap();
+        let names: Vec<&str> = kafka.properties.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["security.protocol", "sasl.password", "linger.ms"]);
+        assert_eq!(kafka.properties[1].1.expose(), "pa=ss");
+        assert!(!format!("{c:?}").contains("pa=ss"));
+        for (bad, named) in [
+            ("acks=1", "`acks`"),
+            ("enable.idempotence=false", "`enable.idempotence`"),
+            ("request.required.acks=0", "`request.required.acks`"),
+            ("message.timeout.ms=900000", "`message.timeout.ms`"),
+            ("bootstrap.servers=elsewhere:9092", "`bootstrap.servers`"),
+            (
+                "max.in.flight.requests.per.connection=6",
+                "`max.in.flight.requests.per.connection`",
+            ),
+            ("linger.ms=1,linger.ms=2", "`linger.ms` is set twice"),
+            ("sasl.password", "item 1"),
+            ("Sasl.Password=secret-value", "item 1"),
+        ] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.starts_with("ORDERD_KAFKA_CONFIG"), "{err}");
+            assert!(err.contains(named), "{bad}: {err}");
+            assert!(!err.contains("secret-value"), "{err}");
+        }
+        assert!(with("max.in.flight=1").is_ok());
     }
 
     #[test]

@@ -11,7 +11,12 @@ use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
 
 use super::ApiTags;
-use crate::{auth::Verifier, db, service::Service};
+use crate::{
+    auth::Verifier,
+    db::{self, Db},
+    outbox::publisher::Publisher,
+    service::Service,
+};
 
 /// How old the database check behind `/readyz` may be.
 pub const READY_CHECK_AGE: Duration = Duration::from_secs(1);
@@ -27,14 +32,14 @@ pub struct Readiness {
 
 impl Readiness {
     /// Whether the database answered at the last check, redoing it when stale.
-    async fn database_answers(&self, service: &Service) -> bool {
+    async fn database_answers(&self, db: &Db) -> bool {
         let mut last = self.last.lock().await;
         if let Some((at, answered)) = *last
             && at.elapsed() < READY_CHECK_AGE
         {
             return answered;
         }
-        let answered = match db::ping(service.db()).await {
+        let answered = match db::ping(db).await {
             Ok(()) => true,
             Err(why) => {
                 tracing::warn!(error = %why, "readiness probe failed");
@@ -83,10 +88,36 @@ impl HealthApi {
         if let Some(why) = verifier.not_ready() {
             return ReadyResponse::NotReady(PlainText(why));
         }
-        if readiness.database_answers(&service).await {
+        if readiness.database_answers(service.db()).await {
             ReadyResponse::Ready(PlainText("ready"))
         } else {
             ReadyResponse::NotReady(PlainText("database unreachable"))
         }
     }
+}
+
+/// `GET /readyz` of `orderd relay` (on its metrics address): ready while its database
+/// answers and its sink does (a Kafka broker that answered its metadata lately). The
+/// API's `/readyz` does not ask the sink: a bus that is down never stops writes, which
+/// the outbox keeps until it returns.
+pub fn relay_readyz(db: Db, sink: Arc<dyn Publisher>) -> impl poem::Endpoint {
+    let readiness = Arc::new(Readiness::default());
+    poem::get(poem::endpoint::make(move |_| {
+        let (db, sink, readiness) = (db.clone(), sink.clone(), readiness.clone());
+        async move {
+            let why = match sink.not_ready() {
+                Some(why) => Some(why),
+                None if readiness.database_answers(&db).await => None,
+                None => Some("database unreachable"),
+            };
+            let (status, text) = match why {
+                None => (poem::http::StatusCode::OK, "ready"),
+                Some(why) => (poem::http::StatusCode::SERVICE_UNAVAILABLE, why),
+            };
+            poem::Response::builder()
+                .status(status)
+                .content_type("text/plain; charset=utf-8")
+                .body(text)
+        }
+    }))
 }

@@ -130,11 +130,26 @@ fn docs_page(page: bytes::Bytes) -> impl Endpoint {
     }))
 }
 
-/// What `orderd relay` serves: metrics and liveness.
-pub fn ops_routes() -> impl Endpoint {
-    Route::new()
+/// The probes a metrics listener answers beside `/metrics`.
+pub enum Probes {
+    /// `/healthz` only (`serve`, whose `/readyz` is on the API address).
+    Live,
+    /// `/healthz` and `/readyz` of `orderd relay`: its database and its sink.
+    Relay {
+        db: crate::db::Db,
+        sink: Arc<dyn outbox::publisher::Publisher>,
+    },
+}
+
+/// What a metrics listener serves: metrics and the probes.
+pub fn ops_routes(probes: Probes) -> impl Endpoint {
+    let route = Route::new()
         .at("/metrics", metrics_endpoint())
-        .at("/healthz", poem::get(poem::endpoint::make_sync(|_| "ok")))
+        .at("/healthz", poem::get(poem::endpoint::make_sync(|_| "ok")));
+    match probes {
+        Probes::Live => route,
+        Probes::Relay { db, sink } => route.at("/readyz", health::relay_readyz(db, sink)),
+    }
 }
 
 /// `GET /metrics`: the Prometheus text format.

@@ -1,5 +1,6 @@
 //! The transactional outbox: events are appended inside the business transaction
-//! ([`writer`]) and published to SNS afterwards by the [`relay`].
+//! ([`writer`]) and published afterwards by the [`relay`], to SNS ([`sns`]) or Kafka
+//! ([`kafka`]).
 //!
 //! This module owns the event's wire format ([`event`]). The relay knows nothing about
 //! HTTP or orders: it moves rows of `outbox_event` to a [`publisher::Publisher`] and
@@ -8,6 +9,7 @@
 pub mod backoff;
 pub mod event;
 pub mod gauges;
+pub mod kafka;
 pub mod publisher;
 pub mod relay;
 pub mod sns;

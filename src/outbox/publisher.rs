@@ -1,17 +1,22 @@
 //! What the relay needs from a message bus, and how failures are classified.
 //!
-//! The relay talks to this trait, not to SNS directly, so that a test or a benchmark
-//! can observe what is published; production uses [`super::sns::SnsPublisher`].
+//! The relay talks to this trait, not to a bus directly: the claim, mark and backoff
+//! loop is one, and each sink ([`super::sns::SnsPublisher`],
+//! [`super::kafka::KafkaPublisher`]) only sends and says what became of each message,
+//! which includes telling a refused message from a failed call. A test or a benchmark
+//! can observe what is published through the same trait.
 
-use std::{future::Future, pin::Pin};
+use std::{future::Future, pin::Pin, sync::Arc};
 
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::metrics::label_enum;
 
 label_enum! {
-    /// Why a publish failed, as a low-cardinality class of the SNS (or KMS) error
-    /// (`outbox_publish_failures_total{reason}`).
+    /// Why a publish failed, as a low-cardinality class of the SNS (or KMS) or Kafka
+    /// error (`outbox_publish_failures_total{reason}`).
     pub FailureReason {
         Throttling => "throttling",
         KmsThrottling => "kms_throttling",
@@ -24,6 +29,10 @@ label_enum! {
         Kms => "kms",
         OtherClient => "other_client",
         OtherServer => "other_server",
+        /// A record larger than the producer or the broker takes.
+        TooLarge => "too_large",
+        /// The idempotent Kafka producer hit a fatal error and is built anew.
+        ProducerFatal => "producer_fatal",
         /// Not a publish at all: the stored row cannot be read (`outbox::store::read`).
         Unreadable => "unreadable",
     }
@@ -44,6 +53,8 @@ pub struct Message {
     /// `tracestate`.
     pub trace_parent: Option<String>,
     pub trace_state: Option<String>,
+    /// The body's `schema_version`, as stored (a Kafka header).
+    pub schema_version: Option<String>,
 }
 
 /// Whether retrying the same entry can help.
@@ -94,6 +105,24 @@ pub trait Publisher: Send + Sync {
     /// Where messages go, for the publish spans' `messaging.destination.name`.
     fn destination(&self) -> &str {
         "unknown"
+    }
+
+    /// The bus, as the publish spans' `messaging.system` names it.
+    fn system(&self) -> &'static str {
+        "unknown"
+    }
+
+    /// Why this sink cannot take events now (its broker has not answered lately), for
+    /// a relay's readiness; `None`: ready, or nothing known against it.
+    fn not_ready(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// A job that keeps [`Self::not_ready`] current, run by the relay beside its rounds
+    /// until `shutdown`; `None` when the sink needs none.
+    fn watch(self: Arc<Self>, shutdown: CancellationToken) -> Option<BoxFuture<'static, ()>> {
+        let _ = shutdown;
+        None
     }
 }
 

@@ -3,7 +3,7 @@
 //! Any number of relays may run against one database (inside `orderd serve`, or alone
 //! as `orderd relay`): claims use `SKIP LOCKED` and a lease, and an order's next event
 //! becomes claimable only once the previous one is published, so per-order order holds
-//! across relays. Delivery is at least once: a relay that dies after SNS acknowledged a
+//! across relays. Delivery is at least once: a relay that dies after the bus acknowledged a
 //! batch but before marking it lets the lease run out, and the batch is published again
 //! with the same `event_id`s.
 
@@ -36,7 +36,7 @@ pub const CHANNEL: &str = "outbox_event";
 pub struct Round {
     pub claimed: usize,
     pub published: usize,
-    /// Entries SNS refused (each cost its event an attempt).
+    /// Entries the bus refused (each cost its event an attempt).
     pub failed: usize,
     pub dead: usize,
     /// Events whose call failed as a whole: no attempt charged, put back in line.
@@ -105,7 +105,7 @@ impl Relay {
     /// progress (a round's rows are either marked or, if the process dies, re-published
     /// once their lease runs out).
     ///
-    /// When calls to SNS fail as a whole, the relay backs off as a whole, exponentially
+    /// When calls to the bus fail as a whole, the relay backs off as a whole, exponentially
     /// per consecutive failed round, and the events wait without being charged.
     pub async fn run(self, shutdown: CancellationToken) {
         let listener = self.listen.then(|| {
@@ -115,6 +115,11 @@ impl Relay {
                 shutdown.clone(),
             ))
         });
+        let watch = self
+            .publisher
+            .clone()
+            .watch(shutdown.clone())
+            .map(tokio::spawn);
         tracing::info!(
             batch = self.config.batch_size,
             parallel_rounds = self.config.parallel_rounds,
@@ -125,16 +130,19 @@ impl Relay {
             (0..self.config.parallel_rounds.max(1)).map(|_| self.lane(&shutdown)),
         )
         .await;
+        // They watch the same token, so they are ending too.
         if let Some(listener) = listener {
-            // It watches the same token, so it is ending too.
             let _ = listener.await;
+        }
+        if let Some(watch) = watch {
+            let _ = watch.await;
         }
         tracing::info!("outbox relay stopped");
     }
 
     /// One sequence of rounds. Several run side by side (`parallel_rounds`), so that
     /// one lane's claim overlaps another's publish and marking: under a backlog the
-    /// database and SNS both stay busy. They claim from the same table exactly as
+    /// database and the bus both stay busy. They claim from the same table exactly as
     /// separate relays do (`SKIP LOCKED`, leases, one event in flight per order), so
     /// ordering is unaffected.
     async fn lane(&self, shutdown: &CancellationToken) {
@@ -154,7 +162,7 @@ impl Relay {
                         error = %failure.detail,
                         events = not_sent,
                         pause_ms = pause.as_millis() as u64,
-                        "SNS calls fail as a whole; backing off without charging any event"
+                        "publishing fails as a whole; backing off without charging any event"
                     );
                     Some(pause)
                 }
@@ -214,10 +222,10 @@ impl Relay {
             });
         }
         let messages: Vec<Message> = batch.iter().map(to_message).collect();
-        let destination = self.publisher.destination();
+        let (system, destination) = (self.publisher.system(), self.publisher.destination());
         let spans: Vec<tracing::Span> = batch
             .iter()
-            .map(|event| publish_span(event, destination))
+            .map(|event| publish_span(event, system, destination))
             .collect();
         let started = std::time::Instant::now();
         let outcomes = self.publisher.publish(&messages).await;
@@ -264,7 +272,7 @@ impl Relay {
             })
             .await?;
         if not_sent.is_empty() || !published.is_empty() {
-            // SNS answers: whatever failed before is over.
+            // The bus answers: whatever failed before is over.
             self.failed_rounds.store(0, Ordering::Relaxed);
         }
         if !not_sent.is_empty() {
@@ -307,7 +315,7 @@ impl Relay {
         if dead {
             tracing::error!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "outbox event is DEAD");
         } else {
-            tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "SNS refused an event; will retry");
+            tracing::warn!(event_id = %event.event_id, attempts, reason = error.reason.as_str(), error = %error.detail, "the bus refused an event; will retry");
         }
         Failure {
             tenant_id: event.tenant_id,
@@ -322,14 +330,14 @@ impl Relay {
 
 /// The producer span of one event's publish (messaging semantic conventions), a child
 /// of the trace the event carries from the request that caused it.
-fn publish_span(event: &PendingEvent, destination: &str) -> tracing::Span {
+fn publish_span(event: &PendingEvent, system: &'static str, destination: &str) -> tracing::Span {
     let span = tracing::info_span!(
         target: telemetry::SPANS,
         "publish",
         otel.name = "orders publish",
         otel.kind = "producer",
         otel.status_code = tracing::field::Empty,
-        messaging.system = "aws_sns",
+        messaging.system = system,
         messaging.operation.type = "send",
         messaging.destination.name = destination,
         messaging.message.id = %event.event_id,
@@ -350,6 +358,7 @@ fn to_message(event: &PendingEvent) -> Message {
         body: event.payload.clone(),
         trace_parent: event.trace_parent.clone(),
         trace_state: event.trace_state.clone(),
+        schema_version: event.schema_version.clone(),
     }
 }
 

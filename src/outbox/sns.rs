@@ -196,6 +196,10 @@ impl Publisher for SnsPublisher {
         self.topic_arn.rsplit(':').next().unwrap_or(&self.topic_arn)
     }
 
+    fn system(&self) -> &'static str {
+        "aws_sns"
+    }
+
     fn publish<'a>(
         &'a self,
         messages: &'a [Message],
@@ -335,6 +339,7 @@ mod tests {
             body: "x".repeat(body_len),
             trace_parent: None,
             trace_state: None,
+            schema_version: Some("1".into()),
         }
     }
 

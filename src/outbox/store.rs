@@ -29,6 +29,8 @@ pub struct PendingEvent {
     /// The W3C trace context stored with the event, forwarded as message attributes.
     pub trace_parent: Option<String>,
     pub trace_state: Option<String>,
+    /// The body's `schema_version` as text, when it has one.
+    pub schema_version: Option<String>,
 }
 
 /// A claimed row the relay cannot read: set aside alone (DEAD) with `reason`.
@@ -79,7 +81,7 @@ pub const CLAIM_DUE: &str = "WITH due AS (
      FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
-               o.trace_parent, o.trace_state,
+               o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
                extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
 
 /// Marks a round's acknowledged events, asynchronously committed like the claim: a

@@ -1,3 +1,4 @@
 mod forwarding;
+mod kafka;
 mod relay;
 mod trace_context;

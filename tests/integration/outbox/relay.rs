@@ -14,8 +14,8 @@ use crate::{
     support::proxy::{Mode, Proxy},
     support::sns::{Received, Topic, aws_env, moto_address, moto_endpoint, publisher},
     support::{
-        SECRET, TestApp, TestDb, create_order_in, new_key, order_body, settings,
-        spawn_publishing_app,
+        SECRET, TestApp, TestDb, create_order_in, failures, new_key, order_body, settings,
+        spawn_publishing_app, until_failures,
     },
 };
 
@@ -179,32 +179,6 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     assert_eq!(unmatched, 0, "every committed change has exactly one event");
 }
 
-/// The sum of `outbox_publish_failures_total` over `reasons`, from this test binary's
-/// recorder (shared by the in-process apps, so tests compare before and after).
-fn failures(reasons: &[&str]) -> f64 {
-    let text = orderd::metrics::install(&orderd::api::known_labels()).render();
-    reasons
-        .iter()
-        .filter_map(|reason| {
-            crate::support::sample(
-                &text,
-                &format!("outbox_publish_failures_total{{reason=\"{reason}\"}}"),
-            )
-        })
-        .sum()
-}
-
-/// Waits until the failure counter over `reasons` passed `from + by`.
-async fn until_failures(reasons: &[&str], from: f64, by: f64) {
-    for _ in 0..600 {
-        if failures(reasons) >= from + by {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("publish failures {reasons:?} did not grow by {by}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains_in_order_when_it_returns()
  {
@@ -236,15 +210,7 @@ async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains
     // Several rounds of failed calls, seen in the metric...
     until_failures(&down, before, 30.0).await;
     // ...and none of it charged to an event: all wait, none is DEAD, per-order order kept.
-    let (pending, charged, dead): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE attempts > 0),
-                count(*) FILTER (WHERE status = 'DEAD')
-         FROM outbox_event",
-    )
-    .fetch_one(&app.db.pool)
-    .await
-    .unwrap();
-    assert_eq!((pending, charged, dead), (20, 0, 0));
+    assert_eq!(app.db.pending_charged_dead().await, (20, 0, 0));
     assert!(
         topic.drain().await.is_empty(),
         "nothing got through while SNS was down"
@@ -617,18 +583,7 @@ async fn a_permanently_failing_event_goes_dead_at_once_while_other_orders_flow_a
     for _ in 0..3 {
         create_and_cancel(&app, &token).await;
     }
-    app.db
-        .until_count(
-            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-            6,
-        )
-        .await;
-    app.db
-        .until_count(
-            "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 1",
-            1,
-        )
-        .await;
+    app.db.until_published_and_dead(6, 1).await;
     let error: String =
         sqlx::query_scalar("SELECT last_error FROM outbox_event WHERE status = 'DEAD'")
             .fetch_one(&app.db.pool)

@@ -123,6 +123,18 @@ pub async fn spawn_publishing_app_on(
     start(db, &all, Some(publisher)).await
 }
 
+/// Starts orderd with its in-process relay publishing through `publisher` (Kafka, or a
+/// publisher a test wraps).
+pub async fn spawn_app_publishing_through(
+    db: TestDb,
+    publisher: std::sync::Arc<dyn orderd::outbox::publisher::Publisher>,
+    overrides: &[(&str, &str)],
+) -> TestApp {
+    let mut all = vec![("ORDERD_RELAY", "on")];
+    all.extend_from_slice(overrides);
+    start(db, &all, Some(publisher)).await
+}
+
 async fn start(
     db: TestDb,
     overrides: &[(&str, &str)],

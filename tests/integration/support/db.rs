@@ -111,6 +111,33 @@ impl TestDb {
         panic!("`{sql}` stayed at {last}, wanted {want}");
     }
 
+    /// How many events are PENDING, how many were charged an attempt, how many are DEAD.
+    pub async fn pending_charged_dead(&self) -> (i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE attempts > 0),
+                    count(*) FILTER (WHERE status = 'DEAD')
+             FROM outbox_event",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until `published` events are PUBLISHED and `dead` went DEAD at their first
+    /// attempt (a permanent refusal).
+    pub async fn until_published_and_dead(&self, published: i64, dead: i64) {
+        self.until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            published,
+        )
+        .await;
+        self.until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'DEAD' AND attempts = 1",
+            dead,
+        )
+        .await;
+    }
+
     /// Leaves a PROCESSING claim on `POST /v1/orders` as a worker owning it as `owner`
     /// would, with the lease ending `lease` (an interval) from now.
     pub async fn insert_processing(

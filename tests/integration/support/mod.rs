@@ -1,9 +1,10 @@
 //! What the integration tests stand on: databases, orderd in process and as a child
-//! process, moto as SNS, and a switchable proxy in front of it.
+//! process, moto as SNS, tansu as Kafka, and a switchable proxy in front of SNS.
 
 pub mod app;
 pub mod db;
 pub mod jwks_server;
+pub mod kafka;
 pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
@@ -11,7 +12,8 @@ pub mod sns;
 
 pub use app::{
     Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, settings,
-    spawn_app, spawn_app_on, spawn_app_with, spawn_publishing_app, spawn_publishing_app_on, token,
+    spawn_app, spawn_app_on, spawn_app_publishing_through, spawn_app_with, spawn_publishing_app,
+    spawn_publishing_app_on, token,
 };
 pub use db::{TestDb, admin_url, create_order_in};
-pub use process::{KillOnDrop, ServeProcess, sample};
+pub use process::{KillOnDrop, ServeProcess, failures, sample, until_failures};

@@ -121,3 +121,29 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The sum of `outbox_publish_failures_total` over `reasons`, from this test binary's
+/// recorder (shared by the in-process apps, so tests compare before and after).
+pub fn failures(reasons: &[&str]) -> f64 {
+    let text = orderd::metrics::install(&orderd::api::known_labels()).render();
+    reasons
+        .iter()
+        .filter_map(|reason| {
+            sample(
+                &text,
+                &format!("outbox_publish_failures_total{{reason=\"{reason}\"}}"),
+            )
+        })
+        .sum()
+}
+
+/// Waits until the failure counter over `reasons` passed `from + by`.
+pub async fn until_failures(reasons: &[&str], from: f64, by: f64) {
+    for _ in 0..600 {
+        if failures(reasons) >= from + by {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("publish failures {reasons:?} did not grow by {by}");
+}
