@@ -249,6 +249,7 @@ async fn latency(
                             location: None,
                             content_type: None,
                             body: order.id.to_string().into_bytes(),
+                            resource: Some(order.id),
                         };
                         let written = store::create(
                             conn,

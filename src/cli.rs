@@ -12,7 +12,8 @@ use uuid::Uuid;
 use crate::{
     api, app, auth,
     config::{Config, JwtConfig},
-    db, outbox, reconcile, retention, telemetry,
+    db, idempotency, lifecycle, outbox, reconcile, retention, telemetry,
+    tenant::TenantId,
 };
 
 #[derive(Debug, Parser)]
@@ -64,6 +65,50 @@ pub enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// The keys that seal stored responses (ORDERD_RESPONSE_KEYS).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// A tenant's data as a whole.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Seal every stored response not under the first of ORDERD_RESPONSE_KEYS under it,
+    /// in batches; safe beside live traffic and another rewrap, resumable. Exits 1 when
+    /// some record needs a key that is not configured.
+    Rewrap {
+        /// Records per batch (one short transaction each).
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+        batch: i64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Write the tenant's orders to stdout as JSON lines (the API's Order), oldest first.
+    Export {
+        #[arg(long)]
+        tenant: Uuid,
+    },
+    /// Delete the tenant's orders, idempotency records and events in batches; publishes
+    /// nothing; resumable. The tenant's tokens keep working and find nothing.
+    Erase {
+        #[arg(long)]
+        tenant: Uuid,
+        /// Rows per statement.
+        #[arg(long, default_value_t = lifecycle::ERASE_BATCH, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
+        /// Rows deleted per second at most, so that other tenants do not notice; 0: as
+        /// fast as the database goes.
+        #[arg(long, default_value_t = lifecycle::ERASE_ROWS_PER_SEC, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
+        rows_per_sec: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -100,6 +145,10 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Purge => purge(configured()?).await,
         Command::Reconcile => reconcile(configured()?).await,
         Command::Outbox { command } => outbox_command(configured()?, command).await,
+        Command::Keys {
+            command: KeysCommand::Rewrap { batch },
+        } => rewrap(configured()?, batch).await,
+        Command::Tenant { command } => tenant_command(configured()?, command).await,
         Command::Token {
             tenant,
             scope,
@@ -213,6 +262,83 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
                 stats.oldest_pending_age_secs
             );
             println!("dead {}", stats.dead);
+        }
+    }
+    Ok(())
+}
+
+async fn rewrap(config: Config, batch: i64) -> anyhow::Result<()> {
+    let db = db::db_of_size(&config, 2).await?;
+    let sealer = idempotency::seal::Sealer::new(&config.idempotency.response_keys);
+    let mut reported = std::time::Instant::now();
+    let report = idempotency::rewrap::rewrap(&db, &sealer, batch, |so_far| {
+        if reported.elapsed().as_secs() >= 5 {
+            reported = std::time::Instant::now();
+            eprintln!("  ... {} resealed so far", so_far.resealed);
+        }
+    })
+    .await?;
+    let under = sealer.sealing_key().unwrap_or_default();
+    println!(
+        "resealed {} stored responses under key `{under}` ({} of them were stored in clear) in {:.1} s, {:.0} records/s",
+        report.resealed,
+        report.were_clear,
+        report.seconds,
+        report.resealed as f64 / report.seconds.max(1e-9)
+    );
+    for (key, count) in &report.unknown_keys {
+        println!(
+            "  {count} records are sealed under key `{key}`, which is not configured: left as they are"
+        );
+    }
+    if report.unreadable > 0 {
+        println!(
+            "  {} records do not open under the key they name: left as they are (see the log)",
+            report.unreadable
+        );
+    }
+    anyhow::ensure!(
+        report.complete(),
+        "some stored responses are not sealed under `{under}`: keep their keys configured"
+    );
+    Ok(())
+}
+
+async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Result<()> {
+    let db = db::db_of_size(&config, 2).await?;
+    match command {
+        TenantCommand::Export { tenant } => {
+            let started = std::time::Instant::now();
+            let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+            let written = lifecycle::export(&db, TenantId(tenant), &mut out).await?;
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!(
+                "exported {written} orders of tenant {tenant} in {secs:.1} s, {:.0} orders/s",
+                written as f64 / secs.max(1e-9)
+            );
+        }
+        TenantCommand::Erase {
+            tenant,
+            batch,
+            rows_per_sec,
+        } => {
+            let mut reported = std::time::Instant::now();
+            let pace = std::num::NonZeroU32::new(rows_per_sec);
+            let erased = lifecycle::erase(&db, TenantId(tenant), batch, pace, |so_far| {
+                if reported.elapsed().as_secs() >= 5 {
+                    reported = std::time::Instant::now();
+                    eprintln!("  ... {} rows deleted so far", so_far.rows());
+                }
+            })
+            .await?;
+            println!(
+                "erased tenant {tenant}: {} orders, {} idempotency records, {} events in {:.1} s, {:.0} rows/s",
+                erased.orders,
+                erased.records,
+                erased.events,
+                erased.seconds,
+                erased.rows() as f64 / erased.seconds.max(1e-9)
+            );
         }
     }
     Ok(())

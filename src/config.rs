@@ -73,6 +73,7 @@ mod table {
     setting!(JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it; required with a JWKS URL");
     setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
     setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
+    setting!(RESPONSE_KEYS, "ORDERD_RESPONSE_KEYS", None, Kind::Secret, "keys that seal stored responses at rest with AES-256-GCM, as comma-separated `id:base64` (32 bytes each, ids of 1 to 64 of `A-Za-z0-9._-`): the first seals new records, every one opens; unset: stored as they are. Rotate by putting a new key first, running `orderd keys rewrap`, then dropping the old one");
     setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("6291456"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1.5 KiB each (least recently used go first); `0` turns the cache off");
     setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
@@ -109,7 +110,7 @@ mod table {
     pub const SETTINGS: &[&Setting] = &[
         &DATABASE_URL, &DATABASE_DIRECT_URL, &DB_POOLER, &BIND, &METRICS_BIND, &MIGRATE,
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
-        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES,
+        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES, &RESPONSE_KEYS,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_WRITE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &PUBLIC_URL, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
@@ -294,6 +295,97 @@ pub struct IdempotencyConfig {
     pub inflight_wait: Duration,
     /// Bytes of completed responses kept in memory for replays; 0: none.
     pub replay_cache_bytes: u64,
+    /// The keys stored responses are sealed with (`ORDERD_RESPONSE_KEYS`): the first
+    /// seals, every one opens; none: stored as they are.
+    pub response_keys: Vec<ResponseKey>,
+}
+
+/// One key of `ORDERD_RESPONSE_KEYS`: its id, stored beside what it sealed, and its 32
+/// bytes, which no `Debug` output shows.
+#[derive(Clone)]
+pub struct ResponseKey {
+    pub id: String,
+    material: [u8; 32],
+}
+
+impl ResponseKey {
+    /// A key from its parts (tests and tools; the configuration parses its own).
+    pub fn new(id: &str, material: [u8; 32]) -> Self {
+        Self {
+            id: id.to_string(),
+            material,
+        }
+    }
+
+    /// The key's bytes: the only way to read them, easy to grep for.
+    pub fn material(&self) -> &[u8; 32] {
+        &self.material
+    }
+}
+
+impl fmt::Debug for ResponseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResponseKey({}: ***)", self.id)
+    }
+}
+
+/// The longest key id: it is stored with every sealed record.
+pub const RESPONSE_KEY_ID_MAX: usize = 64;
+
+/// `ORDERD_RESPONSE_KEYS`: `id:base64` items separated by commas. Standard base64 of
+/// exactly 32 bytes, with or without padding; distinct ids. No message shows a key.
+fn parse_response_keys(text: &str) -> Result<Vec<ResponseKey>, ConfigError> {
+    use base64::{
+        Engine,
+        alphabet::STANDARD,
+        engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
+    };
+    let lenient = GeneralPurpose::new(
+        &STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let name = RESPONSE_KEYS.name;
+    let mut keys: Vec<ResponseKey> = Vec::new();
+    for (i, item) in text.split(',').map(str::trim).enumerate() {
+        if item.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        let Some((id, encoded)) = item.split_once(':') else {
+            return Err(ConfigError::new(format!(
+                "{name}: item {n} is not `id:base64-of-32-bytes`"
+            )));
+        };
+        let id = id.trim();
+        let id_ok = (1..=RESPONSE_KEY_ID_MAX).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !id_ok {
+            return Err(ConfigError::new(format!(
+                "{name}: item {n} needs an id of 1 to {RESPONSE_KEY_ID_MAX} of A-Z, a-z, 0-9, '.', '_' and '-' before its `:`"
+            )));
+        }
+        let material: [u8; 32] = lenient
+            .decode(encoded.trim())
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| {
+                ConfigError::new(format!(
+                    "{name}: key `{id}` is not the base64 of exactly 32 bytes"
+                ))
+            })?;
+        if keys.iter().any(|k| k.id == id) {
+            return Err(ConfigError::new(format!(
+                "{name}: the id `{id}` is given twice"
+            )));
+        }
+        keys.push(ResponseKey {
+            id: id.to_string(),
+            material,
+        });
+    }
+    Ok(keys)
 }
 
 /// Settings of the outbox relay (parsed here so that a typo fails at start).
@@ -552,6 +644,9 @@ impl Config {
                 lease: env.secs(&LEASE_SECS)?,
                 inflight_wait: env.millis(&INFLIGHT_WAIT_MS)?,
                 replay_cache_bytes: env.number(&REPLAY_CACHE_BYTES)?,
+                response_keys: parse_response_keys(
+                    env.text(&RESPONSE_KEYS).as_deref().unwrap_or(""),
+                )?,
             },
             relay_in_serve: env.switch(&RELAY)?,
             outbox: OutboxConfig {
@@ -987,6 +1082,43 @@ mod tests {
             assert!(!err.contains("secret-value"), "{err}");
         }
         assert!(with("max.in.flight=1").is_ok());
+    }
+
+    #[test]
+    fn response_keys_parse_in_order_and_bad_ones_are_named_without_their_bytes() {
+        const K1: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        const K2: &str = "//////////////////////////////////////////8";
+        let keys = |value: &str| {
+            config(&[("DATABASE_URL", "x"), ("ORDERD_RESPONSE_KEYS", value)])
+                .map(|c| c.idempotency.response_keys)
+                .map_err(|e| e.to_string())
+        };
+        let parsed = keys(&format!(" k2:{K2} , k1:{K1}")).unwrap();
+        assert_eq!(
+            parsed.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+            ["k2", "k1"]
+        );
+        assert_eq!(parsed[1].material()[31], 31);
+        assert_eq!(parsed[0].material(), &[0xff; 32]);
+        assert!(!format!("{parsed:?}").contains(K1) && format!("{parsed:?}").contains("k1"));
+        assert!(keys("").unwrap().is_empty());
+        let short = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHg==";
+        for (bad, says) in [
+            (
+                format!("k1:{short}"),
+                "`k1` is not the base64 of exactly 32 bytes",
+            ),
+            ("k1:not*base64".to_string(), "`k1` is not the base64"),
+            (format!("k1:{K1},k1:{K2}"), "`k1` is given twice"),
+            (K1.to_string(), "item 1 is not `id:base64"),
+            (format!(":{K1}"), "item 1 needs an id"),
+            (format!("k 1:{K1}"), "item 1 needs an id"),
+        ] {
+            let err = keys(&bad).unwrap_err();
+            assert!(err.starts_with("ORDERD_RESPONSE_KEYS"), "{err}");
+            assert!(err.contains(says), "{bad}: {err}");
+            assert!(!err.contains(K1) && !err.contains(short), "{err}");
+        }
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! orderd: a multi-tenant order service whose writes are idempotent and whose changes
-//! reach SNS through a transactional outbox.
+//! reach the message bus (SNS or Kafka) through a transactional outbox.
 //!
 //! Modules from the top down (`docs/architecture.md`; a test keeps imports pointing
 //! down): `cli` and `app` compose; `api` is the transports (REST and MCP); `service`
 //! is the application layer both call; `idempotency`, `orders` and `outbox` are the
-//! core; `auth`, `retention`, `supervisor` serve them; `db`, `telemetry`, `tenant`,
+//! core; `auth`, `retention`, `lifecycle`, `supervisor` serve them; `db`, `telemetry`, `tenant`,
 //! `metrics` and `config` are leaves or near-leaves.
 
 /// The HTTP surface: REST API, spec, problem mapping, probes, `/metrics`.
@@ -19,13 +19,16 @@ pub mod cli;
 pub mod config;
 /// The connection pool and embedded migrations.
 pub mod db;
-/// The idempotency core: claim, lease, takeover, fenced completion, replay.
+/// The idempotency core: claim, lease, takeover, fenced completion, replay; stored
+/// responses sealed at rest.
 pub mod idempotency;
+/// A tenant's data as a whole: exported, erased.
+pub mod lifecycle;
 /// Prometheus metric names, typed labels and recording.
 pub mod metrics;
 /// Orders: domain types and SQL.
 pub mod orders;
-/// The transactional outbox: event format, writer, relay, SNS publisher.
+/// The transactional outbox: event format, writer, relay, SNS and Kafka publishers.
 pub mod outbox;
 /// Reconciliation: every recent order has its event, every stored success its order.
 pub mod reconcile;

@@ -49,13 +49,18 @@ pub const ORDERS_BATCH_SQL: &str = "
      ORDER BY o.updated_at, o.tenant_id, o.id";
 
 /// One page of completed keys after the keyset cursor, each with whether its stored
-/// 2xx response names an order (by the body's `id`) that does not exist. Walks the
-/// index the expiry purge uses; non-2xx answers name no order and are never findings.
+/// 2xx response names an order that does not exist: by `resource_id`, kept in clear
+/// beside a body that may be sealed, or, for a record written before that column,
+/// by the body's `id` (such a body was stored in clear). A sealed body is never read
+/// here. Walks the index the expiry purge uses; non-2xx answers name no order and are
+/// never findings.
 pub const KEYS_BATCH_SQL: &str = "
     SELECT r.tenant_id, r.endpoint, r.idem_key, r.expires_at,
            r.response_status BETWEEN 200 AND 299 AND o.found IS NULL AS missing
       FROM (SELECT tenant_id, endpoint, idem_key, expires_at, response_status,
-                   CASE WHEN response_status BETWEEN 200 AND 299
+                   CASE WHEN response_status NOT BETWEEN 200 AND 299 THEN NULL
+                        WHEN resource_id IS NOT NULL THEN resource_id::text
+                        WHEN response_key_id IS NULL
                         THEN convert_from(response_body, 'UTF8')::jsonb ->> 'id' END AS order_id
               FROM idempotency_record
              WHERE state = 'COMPLETED'

@@ -42,6 +42,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261202000007_outbox_trace_context.sql",
         "31ec1ff92f724514c2b73e971fe31d7638e2a687d741643c6a12a8aa01103967",
     ),
+    (
+        "20261202000008_sealed_responses.sql",
+        "4c98eebb65b1e9af7c648f62241747f3a965590b8d3ffce1dada4e7b65c174d5",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

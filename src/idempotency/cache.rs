@@ -189,6 +189,7 @@ mod tests {
             location: Some("/v1/orders/x".into()),
             content_type: Some("application/json".into()),
             body: body.as_bytes().to_vec(),
+            resource: None,
         }
     }
 

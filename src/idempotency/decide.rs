@@ -93,7 +93,9 @@ mod tests {
                     location: None,
                     content_type: None,
                     body: b"{}".to_vec(),
+                    resource: None,
                 },
+                sealed_with: None,
             },
             read_at: at(),
         }

@@ -15,11 +15,14 @@ pub mod decide;
 pub mod fingerprint;
 pub mod key;
 pub mod record;
+pub mod rewrap;
+pub mod seal;
 pub mod store;
 
 use std::{
     future::Future,
     pin::Pin,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -30,6 +33,7 @@ use uuid::Uuid;
 use self::{
     cache::{Lookup, ReplayCache},
     decide::{Step, decide, retry_after},
+    seal::{Binding, SealError, Sealer},
     store::ClaimOrRead,
 };
 pub use self::{
@@ -89,6 +93,10 @@ pub enum GuardError<E> {
     /// The database failed; any claim was released.
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// The stored response cannot be opened (its key is not configured, or it does not
+    /// belong to this record): never answered with anything but an error.
+    #[error("{0}")]
+    Sealed(SealError),
 }
 
 /// A response that went through the guard.
@@ -114,6 +122,8 @@ pub struct Guard {
     db: Db,
     config: IdempotencyConfig,
     cache: ReplayCache,
+    /// Seals what is stored and opens what is replayed (`ORDERD_RESPONSE_KEYS`).
+    sealer: Arc<Sealer>,
 }
 
 /// What the claim step decided.
@@ -134,7 +144,13 @@ enum Claim {
 impl Guard {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
         let cache = ReplayCache::new(config.replay_cache_bytes);
-        Self { db, config, cache }
+        let sealer = Arc::new(Sealer::new(&config.response_keys));
+        Self {
+            db,
+            config,
+            cache,
+            sealer,
+        }
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -227,6 +243,7 @@ impl Guard {
             owner,
             ttl_secs: self.config.ttl.as_secs() as i64,
             at,
+            sealer: &self.sealer,
         };
         let response = execute(fence, conn).await?;
         release.disarm();
@@ -302,12 +319,14 @@ impl Guard {
             match decide(&record, fingerprint) {
                 Step::Replay => {
                     let record::State::Completed {
-                        response,
+                        mut response,
                         expires_at,
+                        sealed_with,
                     } = record.state
                     else {
                         unreachable!("decide replays completed records only")
                     };
+                    response.body = self.open(scope, response.body, sealed_with.as_deref())?;
                     let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
                     self.cache
                         .remember(scope, *fingerprint, &response, sent, remaining);
@@ -439,6 +458,27 @@ impl Guard {
         Ok(response)
     }
 
+    /// The stored body of `scope`'s record, opened. A body that does not open is never
+    /// answered: the caller gets an error (503), and the log says which key it needs.
+    fn open<E>(
+        &self,
+        scope: &Scope,
+        stored: Vec<u8>,
+        sealed_with: Option<&str>,
+    ) -> Result<Vec<u8>, GuardError<E>> {
+        self.sealer
+            .open(Binding::from(scope), stored, sealed_with)
+            .map_err(|e| {
+                tracing::error!(
+                    endpoint = %scope.endpoint,
+                    key_id = sealed_with.unwrap_or_default(),
+                    error = %e,
+                    "a stored response cannot be opened; answered 503"
+                );
+                GuardError::Sealed(e)
+            })
+    }
+
     /// Our lease expired and another request took the key over: it alone may commit.
     fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
         tracing::warn!(
@@ -460,7 +500,7 @@ fn observe<E>(
         Ok((_, outcome)) => Some(*outcome),
         Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
         Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => Some(Outcome::InFlight),
-        Err(GuardError::Operation(_) | GuardError::Db(_)) => None,
+        Err(GuardError::Operation(_) | GuardError::Db(_) | GuardError::Sealed(_)) => None,
     };
     if let Some(outcome) = outcome {
         metrics::idempotency_outcome(scope.endpoint, outcome);

@@ -12,6 +12,9 @@ pub struct StoredResponse {
     pub location: Option<String>,
     pub content_type: Option<String>,
     pub body: Vec<u8>,
+    /// The resource the answer names (an order's id), stored in clear beside a body
+    /// that may be sealed, so that an audit can find it without opening the body.
+    pub resource: Option<Uuid>,
 }
 
 /// A record as stored, with the database clock at the moment it was read.
@@ -32,9 +35,11 @@ pub enum State {
         owner: Uuid,
         lease_until: DateTime<Utc>,
     },
-    /// Done; `response` is replayed to every retry until `expires_at`.
+    /// Done; `response` is replayed to every retry until `expires_at`. Its body is as
+    /// stored: sealed under the key `sealed_with`, when that is set (see `seal`).
     Completed {
         expires_at: DateTime<Utc>,
         response: StoredResponse,
+        sealed_with: Option<String>,
     },
 }

@@ -23,6 +23,7 @@ use super::{
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     record::{Record, State, StoredResponse},
+    seal::{Binding, Sealed, Sealer},
 };
 use crate::db::Statements;
 use crate::tenant::TenantId;
@@ -37,10 +38,21 @@ pub struct Scope {
     pub key: IdempotencyKey,
 }
 
+/// A record is sealed to its scope.
+impl<'a> From<&'a Scope> for Binding<'a> {
+    fn from(scope: &'a Scope) -> Self {
+        Self {
+            tenant: scope.tenant.0,
+            endpoint: scope.endpoint,
+            key: scope.key.as_str(),
+        }
+    }
+}
+
 /// What a completion is fenced on: the record, the owner token its claim drew (the
-/// completion matches only while that token still owns it), and how long the stored
-/// response lives.
-#[derive(Debug, Clone, Copy)]
+/// completion matches only while that token still owns it), how long the stored
+/// response lives, and the keys its body is sealed with.
+#[derive(Clone, Copy)]
 pub struct Fence<'a> {
     pub scope: &'a Scope,
     pub owner: Uuid,
@@ -48,6 +60,19 @@ pub struct Fence<'a> {
     /// The database's clock when this request came to own the key: the time of the
     /// change the operation makes.
     pub at: DateTime<Utc>,
+    pub sealer: &'a Sealer,
+}
+
+impl std::fmt::Debug for Fence<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("scope", self.scope)
+            .field("owner", &self.owner)
+            .field("ttl_secs", &self.ttl_secs)
+            .field("at", &self.at)
+            .field("sealed_with", &self.sealer.sealing_key())
+            .finish()
+    }
 }
 
 /// Claim or read, in one statement: `INSERT ... ON CONFLICT DO NOTHING` (the one
@@ -68,18 +93,19 @@ pub const CLAIM_OR_READ: &str = "WITH claim AS (
      SELECT true AS claimed, NULL::text AS state, NULL::bytea AS fingerprint, NULL::uuid AS owner_token,
             NULL::timestamptz AS lease_until, NULL::timestamptz AS expires_at, NULL::smallint AS response_status,
             NULL::text AS response_location, NULL::text AS response_content_type, NULL::bytea AS response_body,
-            created_at AS read_at
+            NULL::text AS response_key_id, NULL::uuid AS resource_id, created_at AS read_at
      FROM claim
      UNION ALL
      SELECT false, state, fingerprint, owner_token, lease_until, expires_at, response_status,
-            response_location, response_content_type, response_body, clock_timestamp()
+            response_location, response_content_type, response_body, response_key_id, resource_id,
+            clock_timestamp()
      FROM idempotency_record
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM claim)";
 
 /// The record and the database clock, by primary key.
 pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
             response_status, response_location, response_content_type, response_body,
-            clock_timestamp() AS read_at
+            response_key_id, resource_id, clock_timestamp() AS read_at
      FROM idempotency_record
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
 
@@ -96,7 +122,8 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
      SET state = 'PROCESSING', fingerprint = $4, owner_token = $5,
          lease_until = clock_timestamp() + $6 * interval '1 millisecond',
          response_status = NULL, response_location = NULL, response_content_type = NULL,
-         response_body = NULL, completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
+         response_body = NULL, response_key_id = NULL, resource_id = NULL,
+         completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
        AND state = 'COMPLETED' AND expires_at <= clock_timestamp()
@@ -107,16 +134,31 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
 /// parameters from wherever the composing statement puts it ([`Completion::sql`]) and
 /// binds them itself ([`Completion::bind`]), so a statement that embeds it (a create:
 /// the order, its event and the completion in one round trip) never spells its
-/// parameters.
-#[derive(Debug, Clone, Copy)]
+/// parameters. The body is sealed here, under the fence's keys, so that no caller can
+/// store one in clear by mistake.
+#[derive(Debug, Clone)]
 pub struct Completion<'a> {
-    pub fence: &'a Fence<'a>,
-    pub response: &'a StoredResponse,
+    fence: &'a Fence<'a>,
+    response: &'a StoredResponse,
+    body: Sealed,
 }
 
 impl<'a> Completion<'a> {
     /// How many parameters [`Completion::sql`] uses.
-    pub const PARAMS: usize = 9;
+    pub const PARAMS: usize = 11;
+
+    /// The completion of `fence`'s record with `response`, its body sealed.
+    pub fn new(fence: &'a Fence<'a>, response: &'a StoredResponse) -> sqlx::Result<Self> {
+        let body = fence
+            .sealer
+            .seal(Binding::from(fence.scope), &response.body)
+            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        Ok(Self {
+            fence,
+            response,
+            body,
+        })
+    }
 
     /// The `UPDATE`, its parameters numbered from `$first`.
     pub fn sql(first: usize) -> String {
@@ -124,7 +166,8 @@ impl<'a> Completion<'a> {
         format!(
             "UPDATE idempotency_record
      SET state = 'COMPLETED', response_status = {status}, response_location = {location},
-         response_content_type = {content_type}, response_body = {body}, completed_at = clock_timestamp(),
+         response_content_type = {content_type}, response_body = {body}, response_key_id = {key_id},
+         resource_id = {resource}, completed_at = clock_timestamp(),
          expires_at = clock_timestamp() + {ttl} * interval '1 second', lease_until = NULL
      WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
        AND state = 'PROCESSING' AND owner_token = {owner}",
@@ -137,6 +180,8 @@ impl<'a> Completion<'a> {
             content_type = p(6),
             body = p(7),
             ttl = p(8),
+            key_id = p(9),
+            resource = p(10),
         )
     }
 
@@ -152,8 +197,10 @@ impl<'a> Completion<'a> {
             .bind(self.response.status as i16)
             .bind(&self.response.location)
             .bind(&self.response.content_type)
-            .bind(&self.response.body)
+            .bind(self.body.bytes)
             .bind(self.fence.ttl_secs)
+            .bind(self.body.key_id)
+            .bind(self.response.resource)
     }
 }
 
@@ -184,6 +231,103 @@ pub const PURGE_ABANDONED: &str = "DELETE FROM idempotency_record
          LIMIT $2
          FOR UPDATE SKIP LOCKED)";
 
+/// Up to `$5` completed records not sealed under `$1`, after the keyset cursor
+/// `($2, $3, $4)` in primary-key order, locked until the rewrap's transaction ends.
+/// `SKIP LOCKED`: a row another rewrap holds is that rewrap's.
+pub const NOT_SEALED_UNDER: &str =
+    "SELECT tenant_id, endpoint, idem_key, response_key_id, response_body
+     FROM idempotency_record
+     WHERE state = 'COMPLETED' AND response_key_id IS DISTINCT FROM $1
+       AND (tenant_id, endpoint, idem_key) > ($2, $3, $4)
+     ORDER BY tenant_id, endpoint, idem_key
+     LIMIT $5
+     FOR UPDATE SKIP LOCKED";
+
+/// Stores each record's body sealed anew under `$1`, where it is still the completed
+/// record under the key it was read with.
+pub const RESEAL: &str = "UPDATE idempotency_record r
+     SET response_body = n.body, response_key_id = $1
+     FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::text[])
+          AS n(tenant_id, endpoint, idem_key, body, was)
+     WHERE r.tenant_id = n.tenant_id AND r.endpoint = n.endpoint AND r.idem_key = n.idem_key
+       AND r.state = 'COMPLETED' AND r.response_key_id IS NOT DISTINCT FROM n.was";
+
+/// Up to `$2` records of tenant `$1`, found through the primary key it leads and
+/// deleted by their row addresses (a TID scan: a join back on the key could hash the
+/// whole table).
+pub const ERASE_TENANT_BATCH: &str = "DELETE FROM idempotency_record
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_record WHERE tenant_id = $1 LIMIT $2))";
+
+/// A completed record as a rewrap reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SealedRecord {
+    pub tenant_id: Uuid,
+    pub endpoint: String,
+    pub idem_key: String,
+    /// The key its body is sealed under; `None`: stored in clear.
+    pub response_key_id: Option<String>,
+    pub response_body: Vec<u8>,
+}
+
+/// The primary key a rewrap walks in order.
+pub type RecordKey = (Uuid, String, String);
+
+/// Reads and locks up to `batch` completed records not sealed under `key_id`, after
+/// `cursor` (see [`NOT_SEALED_UNDER`]).
+pub async fn not_sealed_under(
+    tx: &mut PgConnection,
+    key_id: &str,
+    cursor: &RecordKey,
+    batch: i64,
+) -> sqlx::Result<Vec<SealedRecord>> {
+    sqlx::query_as(NOT_SEALED_UNDER)
+        .bind(key_id)
+        .bind(cursor.0)
+        .bind(&cursor.1)
+        .bind(&cursor.2)
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await
+}
+
+/// One record sealed anew: its key, its new body, and the key it was read under.
+#[derive(Debug, Clone)]
+pub struct Resealed {
+    pub record: RecordKey,
+    pub body: Vec<u8>,
+    pub was: Option<String>,
+}
+
+/// Stores the new bodies under `key_id` (see [`RESEAL`]); returns how many.
+pub async fn reseal(tx: &mut PgConnection, key_id: &str, rows: Vec<Resealed>) -> sqlx::Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut tenants = Vec::with_capacity(rows.len());
+    let mut endpoints = Vec::with_capacity(rows.len());
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut bodies = Vec::with_capacity(rows.len());
+    let mut was = Vec::with_capacity(rows.len());
+    for row in rows {
+        let (tenant, endpoint, key) = row.record;
+        tenants.push(tenant);
+        endpoints.push(endpoint);
+        keys.push(key);
+        bodies.push(row.body);
+        was.push(row.was);
+    }
+    let done = sqlx::query(RESEAL)
+        .bind(key_id)
+        .bind(tenants)
+        .bind(endpoints)
+        .bind(keys)
+        .bind(bodies)
+        .bind(was)
+        .execute(&mut *tx)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// A row of [`CLAIM_OR_READ`]: the record's columns are NULL when `claimed`.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
@@ -203,6 +347,8 @@ struct Row {
     response_location: Option<String>,
     response_content_type: Option<String>,
     response_body: Option<Vec<u8>>,
+    response_key_id: Option<String>,
+    resource_id: Option<Uuid>,
     read_at: DateTime<Utc>,
 }
 
@@ -224,7 +370,9 @@ impl Row {
                             location: self.response_location,
                             content_type: self.response_content_type,
                             body,
+                            resource: self.resource_id,
                         },
+                        sealed_with: self.response_key_id,
                     },
                     _ => return Err(corrupt("completed record without its response")),
                 }
@@ -350,7 +498,7 @@ pub async fn complete(
     response: &StoredResponse,
 ) -> sqlx::Result<bool> {
     let query = sqlx::query(COMPLETE.as_str()).persistent(statements.named());
-    let done = Completion { fence, response }
+    let done = Completion::new(fence, response)?
         .bind(query)
         .execute(&mut *tx)
         .await?;

@@ -93,7 +93,7 @@ pub async fn create(
     let event = event(tenant, EventType::OrderCreated, order, trace);
     let row = EventRow::new(&event);
     let query = sqlx::query(CREATE.as_str()).persistent(statements.named());
-    let query = Completion { fence, response }.bind(query);
+    let query = Completion::new(fence, response)?.bind(query);
     let done = row
         .bind(bind_order(query, tenant, order))
         .execute(&mut *conn)
@@ -226,3 +226,53 @@ pub async fn list(
         }
     }
 }
+
+/// A tenant's first orders in `created_at` order, oldest first: the export, on the
+/// index that lists them newest first, read backwards.
+pub const EXPORT_FIRST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM orders WHERE tenant_id = $1 ORDER BY created_at, id LIMIT $2"
+);
+
+/// The export's next page: the orders after the position `($2, $3)`.
+pub const EXPORT_AFTER: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM orders WHERE tenant_id = $1 AND (created_at, id) > ($2, $3)
+     ORDER BY created_at, id LIMIT $4"
+);
+
+/// Up to `limit` of `tenant`'s orders after `after` (oldest first; `None`: from the
+/// first), for an export that holds one page at a time.
+pub async fn export_page(
+    db: impl PgExecutor<'_>,
+    tenant: TenantId,
+    after: Option<PageAfter>,
+    limit: i64,
+) -> sqlx::Result<Vec<Order>> {
+    match after {
+        None => {
+            sqlx::query_as(EXPORT_FIRST)
+                .bind(tenant.0)
+                .bind(limit)
+                .fetch_all(db)
+                .await
+        }
+        Some(after) => {
+            sqlx::query_as(EXPORT_AFTER)
+                .bind(tenant.0)
+                .bind(after.created_at)
+                .bind(after.id)
+                .bind(limit)
+                .fetch_all(db)
+                .await
+        }
+    }
+}
+
+/// Up to `$2` orders of tenant `$1`, found through the primary key it leads and
+/// deleted by their row addresses (a TID scan: a join back on the key could hash the
+/// whole table).
+pub const ERASE_TENANT_BATCH: &str = "DELETE FROM orders
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM orders WHERE tenant_id = $1 LIMIT $2))";

@@ -375,3 +375,9 @@ pub async fn purge_published(
         .await?;
     Ok(done.rows_affected())
 }
+
+/// Up to `$2` events of tenant `$1`, whatever their state, found through the primary
+/// key it leads and deleted by their row addresses (a TID scan: a join back on the key
+/// could hash the whole table).
+pub const ERASE_TENANT_BATCH: &str = "DELETE FROM outbox_event
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox_event WHERE tenant_id = $1 LIMIT $2))";

@@ -312,6 +312,10 @@ impl From<GuardError<Problem>> for Problem {
             }
             GuardError::Operation(problem) => problem,
             GuardError::Db(e) => e.into(),
+            // Logged with the key it needs where it was found; the client learns only
+            // that the answer is unavailable, never a wrong or empty one.
+            GuardError::Sealed(_) => Problem::new(Kind::ServiceUnavailable)
+                .with_detail("the stored answer for this Idempotency-Key cannot be read now"),
         }
     }
 }

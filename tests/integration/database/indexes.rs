@@ -107,24 +107,24 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
         owner: Uuid::new_v4(),
         ttl_secs: 60,
         at: chrono::Utc::now(),
+        sealer: &orderd::idempotency::seal::Sealer::PLAIN,
     };
     let response = orderd::idempotency::StoredResponse {
         status: 201,
         location: None,
         content_type: None,
         body: vec![0u8],
+        resource: None,
     };
-    let completion = idem::Completion {
-        fence: &fence,
-        response: &response,
-    };
-    let complete = plan(&db, &idem::COMPLETE, |q| completion.bind(q)).await;
+    let completion = idem::Completion::new(&fence, &response).unwrap();
+    let complete = plan(&db, &idem::COMPLETE, |q| completion.clone().bind(q)).await;
     assert!(complete.contains("idempotency_record_pkey"), "{complete}");
     // A create completes its record by key in the same statement.
     // The order's six values, then the event row's nine.
     let order_id = Uuid::new_v4();
     let create = plan(&db, &orders::CREATE, |q| {
         completion
+            .clone()
             .bind(q)
             .bind(TENANT)
             .bind(order_id)
@@ -248,4 +248,43 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
     })
     .await;
     assert!(purge.contains("outbox_event_published"), "{purge}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_export_erasure_and_rewrap_walk_the_keys_the_tenant_leads() {
+    let db = seeded().await;
+    // A page smaller than the tenant, as an export of a large tenant reads them (with
+    // a page larger than all of a small tenant's orders, sorting them is cheaper).
+    let first = plan(&db, orders::EXPORT_FIRST, |q| q.bind(TENANT).bind(50i64)).await;
+    assert!(first.contains("orders_tenant_newest"), "{first}");
+    let after = plan(&db, orders::EXPORT_AFTER, |q| {
+        q.bind(TENANT)
+            .bind(chrono::Utc::now() - chrono::TimeDelta::hours(1))
+            .bind(Uuid::nil())
+            .bind(50i64)
+    })
+    .await;
+    assert!(after.contains("orders_tenant_newest"), "{after}");
+    for (sql, index) in [
+        (orders::ERASE_TENANT_BATCH, "orders_pkey"),
+        (idem::ERASE_TENANT_BATCH, "idempotency_record_pkey"),
+        (outbox::ERASE_TENANT_BATCH, "outbox_event_pkey"),
+    ] {
+        let erase = plan(&db, sql, |q| q.bind(TENANT).bind(1000i64)).await;
+        assert!(!erase.contains("Seq Scan"), "{erase}");
+        assert!(
+            erase.contains(index) && erase.contains("Tid Scan"),
+            "{erase}"
+        );
+    }
+    let rewrap = plan(&db, idem::NOT_SEALED_UNDER, |q| {
+        q.bind("k2")
+            .bind(Uuid::nil())
+            .bind("")
+            .bind("")
+            .bind(500i64)
+    })
+    .await;
+    assert!(rewrap.contains("idempotency_record_pkey"), "{rewrap}");
+    assert!(!rewrap.contains("Sort"), "{rewrap}");
 }

@@ -289,12 +289,14 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
         location: None,
         content_type: Some("application/json".into()),
         body: b"{}".to_vec(),
+        resource: None,
     };
     let mut fence = Fence {
         scope: &scope,
         owner: Uuid::new_v4(),
         ttl_secs: 60,
         at: chrono::Utc::now(),
+        sealer: &orderd::idempotency::seal::Sealer::PLAIN,
     };
     let order = Order::created(&new, fence.at);
     let mut conn = db.pool.acquire().await.unwrap();

@@ -1,3 +1,4 @@
 mod concurrency;
 mod keys;
 mod replay_cache;
+mod sealed;

@@ -80,6 +80,36 @@ fn a_missing_or_malformed_setting_stops_serve_with_one_line_naming_it() {
         "{stderr}"
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    // A response key that is not 32 bytes, or an id given twice: named, never printed.
+    let short = "c2hvcnQta2V5LXNlY3JldA==";
+    let full = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    for (keys, says) in [
+        (
+            format!("k1:{short}"),
+            "key `k1` is not the base64 of exactly 32 bytes",
+        ),
+        (format!("k1:{full},k1:{full}"), "the id `k1` is given twice"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .env("ORDERD_JWT_HS256_SECRET", SECRET)
+            .env("ORDERD_RESPONSE_KEYS", &keys)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("ORDERD_RESPONSE_KEYS") && stderr.contains(says),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains(short) && !stderr.contains(full),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

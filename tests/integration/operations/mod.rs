@@ -1,3 +1,5 @@
 mod cli;
+mod key_rotation;
 mod observability;
 mod reconcile;
+mod tenant_data;

@@ -23,6 +23,8 @@ pub struct TestDb {
     pub url: String,
     pub pool: PgPool,
     admin: String,
+    /// Whether dropping this value drops the database (false for a second handle).
+    owns: bool,
 }
 
 impl TestDb {
@@ -56,6 +58,24 @@ impl TestDb {
             url,
             pool,
             admin,
+            owns: true,
+        }
+    }
+
+    /// A second handle on the same database, with a pool of its own, for a second
+    /// process of the test (an app beside a command); dropping it leaves the database.
+    pub async fn handle(&self) -> Self {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(self.session_options())
+            .await
+            .expect("connect to test database");
+        Self {
+            name: self.name.clone(),
+            url: self.url.clone(),
+            pool,
+            admin: self.admin.clone(),
+            owns: false,
         }
     }
 }
@@ -166,6 +186,9 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if !self.owns {
+            return;
+        }
         let name = self.name.clone();
         let pool = self.pool.clone();
         let admin = self.admin.clone();
@@ -227,6 +250,7 @@ pub async fn create_order_in(
         owner,
         ttl_secs: 3600,
         at,
+        sealer: &orderd::idempotency::seal::Sealer::PLAIN,
     };
     let order = orderd::orders::Order::created(new, at);
     let response = StoredResponse {
@@ -234,6 +258,7 @@ pub async fn create_order_in(
         location: None,
         content_type: Some("application/json".into()),
         body: b"{}".to_vec(),
+        resource: Some(order.id),
     };
     let written = orderd::orders::store::create(
         &mut *tx,

@@ -1,0 +1,153 @@
+//! Stored responses sealed at rest (docs/contract.md §12): with `ORDERD_RESPONSE_KEYS`
+//! no byte of a customer's reference is left readable in `idempotency_record`, replays
+//! stay byte for byte the first answer, and a sealed body that does not belong to its
+//! record (moved from another one) is a 503, never the other record's answer.
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::{TestApp, new_key, spawn_app_with};
+
+/// `k1`: 32 bytes 0x01.
+pub const K1: &str = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+
+/// Every column of every record as text (a bytea as its hex), and the raw bytes of
+/// the body and the fingerprint.
+async fn every_byte_of_the_records(app: &TestApp) -> (String, Vec<Vec<u8>>) {
+    let text: Vec<String> =
+        sqlx::query_scalar("SELECT row_to_json(r)::text FROM idempotency_record r")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    let raw: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+        sqlx::query_as("SELECT fingerprint, response_body FROM idempotency_record")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    let bytes = raw
+        .into_iter()
+        .flat_map(|(fingerprint, body)| [Some(fingerprint), body])
+        .flatten()
+        .collect();
+    (text.join("\n"), bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_reference_leaves_no_trace_in_the_record_and_the_replay_is_byte_exact() {
+    let app = spawn_app_with(&[("ORDERD_RESPONSE_KEYS", K1)]).await;
+    let token = app.token(Uuid::new_v4());
+    let marker = format!("MARKER-{}", Uuid::new_v4().simple());
+    let key = new_key();
+    let body = json!({"sku": "PII-1", "quantity": 1, "customer_ref": marker});
+    let first = app.create(&token, &key, &body).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.json()["customer_ref"], marker.as_str());
+    let id = first.json()["id"].as_str().unwrap().to_string();
+    let cancelled = app.cancel(&token, &new_key(), &id).await;
+    assert_eq!(cancelled.json()["customer_ref"], marker.as_str());
+
+    let (text, bytes) = every_byte_of_the_records(&app).await;
+    let hex: String = marker.bytes().map(|b| format!("{b:02x}")).collect();
+    assert!(!text.contains(&marker) && !text.contains(&hex), "{text}");
+    assert!(
+        !bytes
+            .iter()
+            .any(|b| b.windows(marker.len()).any(|w| w == marker.as_bytes())),
+        "the marker is in a raw column"
+    );
+    let sealed: Vec<(Option<String>, Option<Uuid>)> = sqlx::query_as(
+        "SELECT response_key_id, resource_id FROM idempotency_record ORDER BY endpoint",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let order = Uuid::parse_str(&id).unwrap();
+    assert_eq!(
+        sealed,
+        [
+            (Some("k1".into()), Some(order)),
+            (Some("k1".into()), Some(order))
+        ]
+    );
+
+    // The replay (from the database, then from memory) is the first answer, byte for byte.
+    for _ in 0..2 {
+        let replay = app.create(&token, &key, &body).await;
+        assert_eq!(replay.status, 201);
+        assert_eq!(replay.body, first.body);
+        assert_eq!(replay.header("location"), first.header("location"));
+        assert_eq!(
+            replay.header("idempotent-replayed").as_deref(),
+            Some("true")
+        );
+    }
+    // Reconciliation finds the order of a sealed success without opening it.
+    let reconcile = async || {
+        let db = app.db.direct();
+        let hour = std::time::Duration::from_secs(3600);
+        orderd::reconcile::reconcile_once(&db, hour, 100)
+            .await
+            .unwrap()
+    };
+    let report = reconcile().await;
+    assert_eq!((report.keys_checked, report.keys_without_order), (2, 0));
+    sqlx::query("DELETE FROM orders")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(reconcile().await.keys_without_order, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_body_moved_to_another_record_answers_503_and_never_the_other_answer() {
+    let app = spawn_app_with(&[("ORDERD_RESPONSE_KEYS", K1)]).await;
+    let token = app.token(Uuid::new_v4());
+    let (key_a, key_b) = (new_key(), new_key());
+    let body_a = json!({"sku": "PII-A", "quantity": 1, "customer_ref": "alice"});
+    let body_b = json!({"sku": "PII-B", "quantity": 2, "customer_ref": "bob"});
+    let a = app.create(&token, &key_a, &body_a).await;
+    assert_eq!(app.create(&token, &key_b, &body_b).await.status, 201);
+
+    // Someone with write access to the table copies A's sealed answer over B's.
+    sqlx::query(
+        "UPDATE idempotency_record b SET response_body = a.response_body, response_key_id = a.response_key_id
+         FROM idempotency_record a WHERE a.idem_key = $1 AND b.idem_key = $2",
+    )
+    .bind(&key_a)
+    .bind(&key_b)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let replay = app.create(&token, &key_b, &body_b).await;
+    replay.assert_problem(503, "service-unavailable");
+    let text = String::from_utf8_lossy(&replay.body);
+    assert!(
+        !text.contains("alice") && !text.contains(a.json()["id"].as_str().unwrap()),
+        "{text}"
+    );
+    // Nothing new was written: still two orders, and A still replays.
+    assert_eq!(app.count("orders").await, 2);
+    assert_eq!(app.create(&token, &key_a, &body_a).await.body, a.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_keys_bodies_are_stored_as_they_are() {
+    let app = spawn_app_with(&[]).await;
+    let token = app.token(Uuid::new_v4());
+    let created = app
+        .create(
+            &token,
+            &new_key(),
+            &json!({"sku": "PLAIN-1", "quantity": 1, "customer_ref": "carol"}),
+        )
+        .await;
+    let (key_id, body): (Option<String>, Vec<u8>) =
+        sqlx::query_as("SELECT response_key_id, response_body FROM idempotency_record")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(key_id, None);
+    assert_eq!(body, created.body);
+    let stored: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(stored["customer_ref"], "carol");
+}

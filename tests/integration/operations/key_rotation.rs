@@ -1,0 +1,315 @@
+//! Rotating the keys that seal stored responses (docs/contract.md §12), as an operator
+//! does it, against the real binary: write under k1; restart with `k2,k1`; replays
+//! work; `orderd keys rewrap`; restart with `k2` alone; replays still work; restart
+//! with a key nobody wrote under: 503, and no new order. Rewraps run beside live
+//! traffic and beside each other, and one killed midway finishes when run again.
+
+use std::{process::Command, time::Duration};
+
+use orderd::idempotency::{
+    seal::{Binding, Sealer},
+    store::SealedRecord,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{KillOnDrop, ServeProcess, TestDb, new_key, spawn_app_on};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orderd");
+/// 32 bytes of 0x01, 0x02 and 0x03.
+const K1: &str = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+const K2: &str = "k2:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+const K3: &str = "k3:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=";
+
+fn keys(value: &str) -> Vec<(&'static str, String)> {
+    vec![("ORDERD_RESPONSE_KEYS", value.to_string())]
+}
+
+/// The sealer a process configured with `value` has.
+fn sealer(value: &str) -> Sealer {
+    let config = orderd::config::Config::from_lookup(&|name| match name {
+        "DATABASE_URL" => Some("postgres://unused".into()),
+        "ORDERD_RESPONSE_KEYS" => Some(value.into()),
+        _ => None,
+    })
+    .unwrap();
+    Sealer::new(&config.idempotency.response_keys)
+}
+
+/// One create against `serve`: status and body bytes.
+async fn create(serve: &ServeProcess, token: &str, key: &str, n: usize) -> (u16, Vec<u8>) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/orders", serve.base))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&json!({"sku": format!("ROT-{n}"), "quantity": 1, "customer_ref": format!("customer {n}")}))
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.bytes().await.unwrap().to_vec(),
+    )
+}
+
+/// `orderd keys rewrap` with `keys`: exit status and stdout.
+fn rewrap(db: &TestDb, keys: &str, batch: &str) -> (bool, String) {
+    let out = Command::new(BIN)
+        .args(["keys", "rewrap", "--batch", batch])
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_RESPONSE_KEYS", keys)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// How many completed records are sealed under each key (`None`: in clear).
+async fn sealed_under(db: &TestDb) -> Vec<(Option<String>, i64)> {
+    sqlx::query_as(
+        "SELECT response_key_id, count(*) FROM idempotency_record WHERE state = 'COMPLETED'
+         GROUP BY 1 ORDER BY 1 NULLS FIRST",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_keys_keeps_every_replay_byte_exact_and_an_unknown_key_answers_503() {
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let mut written = Vec::new();
+    {
+        let serve = ServeProcess::start(&db, &keys(K1));
+        let token = serve.token(tenant);
+        for n in 0..5 {
+            let key = new_key();
+            let (status, body) = create(&serve, &token, &key, n).await;
+            assert_eq!(status, 201);
+            written.push((key, n, body));
+        }
+    }
+    assert_eq!(sealed_under(&db).await, [(Some("k1".into()), 5)]);
+
+    // A new key first, the old one still there: old records replay, new ones seal under k2.
+    {
+        let serve = ServeProcess::start(&db, &keys(&format!("{K2},{K1}")));
+        let token = serve.token(tenant);
+        for (key, n, body) in &written {
+            assert_eq!(create(&serve, &token, key, *n).await, (201, body.clone()));
+        }
+        for n in 5..7 {
+            let key = new_key();
+            let (status, body) = create(&serve, &token, &key, n).await;
+            assert_eq!(status, 201);
+            written.push((key, n, body));
+        }
+    }
+    assert_eq!(
+        sealed_under(&db).await,
+        [(Some("k1".into()), 5), (Some("k2".into()), 2)]
+    );
+    let (ok, out) = rewrap(&db, &format!("{K2},{K1}"), "2");
+    assert!(ok, "{out}");
+    assert!(
+        out.starts_with(
+            "resealed 5 stored responses under key `k2` (0 of them were stored in clear)"
+        ),
+        "{out}"
+    );
+    assert_eq!(sealed_under(&db).await, [(Some("k2".into()), 7)]);
+
+    // The old key gone: everything still replays.
+    {
+        let serve = ServeProcess::start(&db, &keys(K2));
+        let token = serve.token(tenant);
+        for (key, n, body) in &written {
+            assert_eq!(create(&serve, &token, key, *n).await, (201, body.clone()));
+        }
+    }
+
+    // A key nobody wrote under: every replay is a 503, no order is created.
+    {
+        let serve = ServeProcess::start(&db, &keys(K3));
+        let token = serve.token(tenant);
+        let (key, n, _) = &written[0];
+        let (status, body) = create(&serve, &token, key, *n).await;
+        assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["type"], "/problems/service-unavailable");
+        assert!(!String::from_utf8_lossy(&body).contains("customer"));
+        let logs = serve.logs.lock().unwrap().join("\n");
+        let line = logs
+            .lines()
+            .find(|l| l.contains("cannot be opened"))
+            .unwrap_or_else(|| panic!("no log line of the failure: {logs}"));
+        assert!(line.contains(r#""key_id":"k2""#), "{line}");
+    }
+    // No keys at all: the same; and a new answer is stored as it is.
+    {
+        let serve = ServeProcess::start(&db, &[]);
+        let token = serve.token(tenant);
+        let (key, n, _) = &written[1];
+        assert_eq!(create(&serve, &token, key, *n).await.0, 503);
+        assert_eq!(create(&serve, &token, &new_key(), 99).await.0, 201);
+    }
+    assert_eq!(db.count("orders").await, 8);
+    assert_eq!(sealed_under(&db).await, [(None, 1), (Some("k2".into()), 7)]);
+    let (ok, out) = rewrap(&db, K3, "100");
+    assert!(!ok);
+    assert!(
+        out.contains("7 records are sealed under key `k2`, which is not configured")
+            && out.starts_with("resealed 1 stored responses under key `k3` (1 of them"),
+        "{out}"
+    );
+}
+
+/// `count` completed records stored in clear, as a release without keys left them,
+/// each body `body-N`.
+async fn clear_records(db: &TestDb, count: i64) {
+    sqlx::query(
+        "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, response_status,
+                                         response_body, created_at, completed_at, expires_at)
+         SELECT gen_random_uuid(), 'POST /v1/orders', 'key-' || lpad(n::text, 16, '0'),
+                sha256(n::text::bytea), 'COMPLETED', 201, convert_to('body-' || n, 'UTF8'),
+                now(), now(), now() + interval '1 day'
+         FROM generate_series(1, $1) n",
+    )
+    .bind(count)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// Every completed record opens under `sealer` to the body it was written with (the
+/// ones from [`clear_records`]: `body-N` for key N); returns how many were checked.
+async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
+    let rows: Vec<SealedRecord> = sqlx::query_as(
+        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_body
+         FROM idempotency_record WHERE state = 'COMPLETED' AND idem_key ~ '^key-[0-9]{16}$'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for row in &rows {
+        let binding = Binding {
+            tenant: row.tenant_id,
+            endpoint: &row.endpoint,
+            key: &row.idem_key,
+        };
+        let opened = sealer
+            .open(
+                binding,
+                row.response_body.clone(),
+                row.response_key_id.as_deref(),
+            )
+            .unwrap();
+        let n: u64 = row.idem_key.trim_start_matches("key-").parse().unwrap();
+        assert_eq!(opened, format!("body-{n}").into_bytes(), "{}", row.idem_key);
+    }
+    rows.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rewraps_beside_live_writes_seal_every_record_once_under_the_first_key() {
+    let db = TestDb::new().await;
+    clear_records(&db, 20_000).await;
+    let url = db.url.clone();
+    let both = format!("{K2},{K1}");
+    // Live traffic on the same database while both rewraps run.
+    let app = spawn_app_on(
+        db.handle().await,
+        &[("ORDERD_RESPONSE_KEYS", both.as_str())],
+    )
+    .await;
+    let token = app.token(Uuid::new_v4());
+    let writer = {
+        let (base, token) = (app.base.clone(), token.clone());
+        tokio::spawn(async move {
+            let mut written = 0;
+            for n in 0..200 {
+                let body = json!({"sku": format!("LIVE-{n}"), "quantity": 1});
+                let response =
+                    crate::support::post_order(&base, &token, &new_key(), &body, None).await;
+                assert_eq!(response.status(), 201);
+                written += 1;
+            }
+            written
+        })
+    };
+    let rewraps: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(BIN)
+                .args(["keys", "rewrap", "--batch", "100"])
+                .env("DATABASE_URL", &url)
+                .env("ORDERD_RESPONSE_KEYS", &both)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut resealed = 0;
+    for rewrap in rewraps {
+        let out = rewrap.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        resealed += stdout
+            .strip_prefix("resealed ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<i64>().ok())
+            .unwrap_or_else(|| panic!("{stdout}"));
+    }
+    assert_eq!(writer.await.unwrap(), 200);
+    // Each record resealed by exactly one of them, each exactly once, all under k2.
+    assert_eq!(resealed, 20_000);
+    assert_eq!(sealed_under(&db).await, [(Some("k2".into()), 20_200)]);
+    assert_eq!(every_record_opens(&db, &sealer(K2)).await, 20_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrap_killed_midway_finishes_the_rest_when_run_again() {
+    let db = TestDb::new().await;
+    clear_records(&db, 20_000).await;
+    let first = KillOnDrop(
+        Command::new(BIN)
+            .args(["keys", "rewrap", "--batch", "20"])
+            .env("DATABASE_URL", &db.url)
+            .env("ORDERD_RESPONSE_KEYS", K1)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    db.until_count(
+        "SELECT least(count(*), 1000) FROM idempotency_record WHERE response_key_id = 'k1'",
+        1000,
+    )
+    .await;
+    drop(first); // SIGKILL, mid-batch as likely as not
+    let done: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_record WHERE response_key_id = 'k1'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!((1000..20_000).contains(&done), "{done}");
+    // Whole batches only: what is done is sealed, the rest is in clear.
+    assert_eq!(
+        sealed_under(&db).await,
+        [(None, 20_000 - done), (Some("k1".into()), done)]
+    );
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (ok, out) = rewrap(&db, K1, "500");
+    assert!(ok, "{out}");
+    let rest = 20_000 - done;
+    assert!(
+        out.starts_with(&format!(
+            "resealed {rest} stored responses under key `k1` ({rest} of them were stored in clear)"
+        )),
+        "{out}"
+    );
+    assert_eq!(sealed_under(&db).await, [(Some("k1".into()), 20_000)]);
+    assert_eq!(every_record_opens(&db, &sealer(K1)).await, 20_000);
+}
