@@ -1,20 +1,28 @@
-# Shared by bench/run and bench/profile: orderd on a scratch database, set up the way
-# every measurement here wants it (relay, per-tenant limits and reconciliation off), so
-# that two scripts never measure two different servers. Sourced after .ci/lib.sh and
-# `ensure_postgres`, not run.
+# Shared by the scripts of bench/: orderd on a scratch database, set up the way every
+# measurement here wants it (relay, per-tenant limits and reconciliation off), so that
+# two scripts never measure two different servers, and the measuring itself (wrk and
+# pgbench runs, their rates, the CPU they cost, the alternating create pairs). Sourced
+# after .ci/lib.sh and `ensure_postgres`, not run.
 
 # Creates database $2 on the server of DATABASE_URL, migrates it and serves it with the
 # binary $1, logging to $3. One worker thread (ORDERD_WORKER_THREADS=1, overridable):
 # PostgreSQL and the load tool share the two cores, and a second worker spent more on
 # waking threads than it gained (docs/performance.md). Sets BENCH_URL, PORT, BASE, ORDERD_PID and exports TOKEN (a
-# fresh tenant's, valid an hour).
+# fresh tenant's, BENCH_TENANT, valid an hour).
 bench_orderd_start() {
     local bin="$1" log="$3"
     BENCH_DB="$2"
     BENCH_URL="${DATABASE_URL%/*}/$BENCH_DB"
     psql -qX "$DATABASE_URL" -c "CREATE DATABASE $BENCH_DB" >/dev/null
-    export ORDERD_JWT_HS256_SECRET="bench-secret-0123456789abcdef0123456789"
     DATABASE_URL="$BENCH_URL" "$bin" migrate 2>/dev/null
+    bench_orderd_serve "$bin" "$log"
+}
+
+# Serves the (migrated) database at BENCH_URL with the binary $1, logging to $2, set up
+# as bench_orderd_start does; sets PORT, BASE, ORDERD_PID and exports TOKEN.
+bench_orderd_serve() {
+    local bin="$1" log="$2"
+    export ORDERD_JWT_HS256_SECRET="bench-secret-0123456789abcdef0123456789"
     PORT="$(free_port)"
     DATABASE_URL="$BENCH_URL" ORDERD_BIND="127.0.0.1:$PORT" ORDERD_RELAY=off ORDERD_MIGRATE=off \
         ORDERD_TENANT_RATE_PER_SEC=0 ORDERD_TENANT_MAX_IN_FLIGHT=10000 \
@@ -23,15 +31,22 @@ bench_orderd_start() {
     ORDERD_PID=$!
     wait_healthy "$PORT"
     BASE="http://127.0.0.1:$PORT"
-    export TOKEN
-    TOKEN="$("$bin" token --tenant "$(python3 -c 'import uuid; print(uuid.uuid4())')" --ttl 1h)"
+    export TOKEN BENCH_TENANT
+    BENCH_TENANT="$(python3 -c 'import uuid; print(uuid.uuid4())')"
+    TOKEN="$("$bin" token --tenant "$BENCH_TENANT" --ttl 1h)"
+}
+
+# Stops the orderd that bench_orderd_serve started; safe to call twice.
+bench_orderd_halt() {
+    [ -n "${ORDERD_PID:-}" ] && kill "$ORDERD_PID" 2>/dev/null && wait "$ORDERD_PID" 2>/dev/null
+    ORDERD_PID=""
+    return 0
 }
 
 # Stops what bench_orderd_start started and drops its database; safe to call twice or
 # before it ran (an EXIT trap).
 bench_orderd_stop() {
-    [ -n "${ORDERD_PID:-}" ] && kill "$ORDERD_PID" 2>/dev/null && wait "$ORDERD_PID" 2>/dev/null
-    ORDERD_PID=""
+    bench_orderd_halt
     [ -n "${BENCH_DB:-}" ] &&
         psql -qX "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" >/dev/null 2>&1
     BENCH_DB=""
@@ -43,4 +58,77 @@ bench_create_key() {
     curl -fsS -o /dev/null -X POST "$BASE/v1/orders" -H "Authorization: Bearer $TOKEN" \
         -H 'Content-Type: application/json' -H "Idempotency-Key: $1" \
         -d '{"sku":"SKU-BENCH","quantity":1}'
+}
+
+# --- Measuring: shared by bench/run and bench/scale. They set OUT (a scratch folder),
+# RUN_SECS, PGBENCH and ADMIN, and start orderd (ORDERD_PID, BASE, BENCH_URL) first.
+
+# wrk's "Requests/sec" and a latency percentile (in ms) from its --latency report.
+wrk_rate() { awk '/Requests\/sec/ {print $2}' "$1"; }
+wrk_ms() {
+    awk -v p="$2%" '$1 == p {
+        v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
+        if (u == "us") v /= 1000; else if (u == "s") v *= 1000; else if (u == "m") v *= 60000;
+        printf "%.2f", v }' "$1"
+}
+wrk_errors() { awk '/Non-2xx/ {n += $NF} /Socket errors/ {n += 0} END {print n + 0}' "$1"; }
+pgbench_tps() { awk '/^tps = / {printf "%.0f", $3}' "$1"; }
+run_wrk() { # script connections output [KEY]
+    KEY="${4:-}" wrk -t2 -c"$2" -d"${RUN_SECS}s" --latency -s "bench/wrk/$1.lua" "$BASE" >"$3"
+}
+run_pgbench() { # script clients output
+    "$PGBENCH" -n -M prepared -c "$2" -j 2 -T "$RUN_SECS" -f "bench/$1.pgbench" "$BENCH_URL" >"$3" 2>&1
+}
+
+# Every create run starts from the same state, as pgbench's own runs do (it vacuums
+# first unless told not to): the rows the previous run left dead are vacuumed and a
+# checkpoint is taken, so that an autovacuum or a checkpoint one run caused is not
+# billed to the next, and every run pays the same full-page writes after its start.
+settle() {
+    psql -qX "$BENCH_URL" -c "VACUUM ANALYZE idempotency_record, orders, outbox_event" -c "CHECKPOINT" >/dev/null
+}
+
+# CPU seconds (user + system) spent during a create run, to explain its ratio: by
+# orderd, by PostgreSQL (live backends plus those that ended, which the postmaster
+# collects as its children's time) and by the load tool itself (bash's `time`).
+bench_measure_init() {
+    TICK="$(getconf CLK_TCK)"
+    POSTMASTER="$(head -n 1 "$(psql -XAtc 'SHOW data_directory' "$ADMIN")/postmaster.pid" 2>/dev/null || true)"
+    TIMEFORMAT='%U %S'
+}
+ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pg_ticks() {
+    local t=0 p
+    [ -n "$POSTMASTER" ] || { echo 0; return; }
+    t="$(awk '{print $14 + $15 + $16 + $17}' "/proc/$POSTMASTER/stat")"
+    for p in $(pgrep -P "$POSTMASTER"); do t=$((t + $(ticks_of "$p"))); done
+    echo "$t"
+}
+measured() { # output-prefix command...: runs it, writing PREFIX.cpu as "orderd pg tool" seconds
+    local prefix="$1" o0 p0 o1 p1 tool
+    shift
+    o0="$(ticks_of "$ORDERD_PID")"; p0="$(pg_ticks)"
+    tool="$({ time "$@" >/dev/null; } 2>&1 | tail -n 1)"
+    o1="$(ticks_of "$ORDERD_PID")"; p1="$(pg_ticks)"
+    echo "$(( (o1 - o0) )) $(( (p1 - p0) )) $tool $TICK" >"$prefix.cpu"
+}
+
+# PAIRS alternating create runs of orderd (wrk) and pgbench at $1 connections, each
+# after `settle`; the median pair becomes $OUT/create-$1 and $OUT/pg-create-$1 (with
+# their .cpu), and PAIR_RATIOS lists every pair's ratio in order.
+create_pairs() {
+    local c="$1" i ratios="" median f
+    for i in $(seq 1 "$PAIRS"); do
+        settle
+        measured "$OUT/create-$c-$i" run_wrk create "$c" "$OUT/create-$c-$i"
+        settle
+        measured "$OUT/pg-create-$c-$i" run_pgbench create "$c" "$OUT/pg-create-$c-$i"
+        ratios+="$(python3 -c "print(f'{$(wrk_rate "$OUT/create-$c-$i") / $(pgbench_tps "$OUT/pg-create-$c-$i"):.2f} $i')")"$'\n'
+    done
+    median="$(sort -n <<<"${ratios%$'\n'}" | sed -n "$(( (PAIRS + 1) / 2 ))p" | cut -d' ' -f2)"
+    for f in create pg-create; do
+        cp "$OUT/$f-$c-$median" "$OUT/$f-$c"
+        cp "$OUT/$f-$c-$median.cpu" "$OUT/$f-$c.cpu"
+    done
+    PAIR_RATIOS="$(cut -d' ' -f1 <<<"${ratios%$'\n'}" | tr '\n' ' ')"
 }

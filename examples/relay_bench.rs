@@ -8,6 +8,7 @@
 //!   cargo run --release --example relay_bench -- --database-url postgres://postgres@127.0.0.1/bench \
 //!   latency --rate 1000 --seconds 10 --publisher immediate
 //! cargo run --release --example relay_bench -- --database-url ... drain --events 100000 --publisher immediate
+//! cargo run --release --example relay_bench -- --database-url ... fairness --events 1000000 --rate 10
 //! ORDERD_KAFKA_BROKERS=127.0.0.1:9092 ORDERD_KAFKA_TOPIC=bench \
 //!   cargo run --release --example relay_bench -- --database-url ... drain --publisher kafka
 //! ```
@@ -67,6 +68,20 @@ enum Scenario {
     Drain {
         #[arg(long, default_value_t = 100_000)]
         events: i64,
+        #[arg(long, value_enum, default_value_t = Target::Immediate)]
+        publisher: Target,
+    },
+    /// One tenant's backlog and another tenant's writes: how soon the writes are
+    /// published, and the backlog's drain rate beside them against alone.
+    Fairness {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: i64,
+        /// The other tenant's orders per second.
+        #[arg(long, default_value_t = 10)]
+        rate: u32,
+        /// Alternating pairs of drains, alone and beside the writes.
+        #[arg(long, default_value_t = 3)]
+        pairs: u32,
         #[arg(long, value_enum, default_value_t = Target::Immediate)]
         publisher: Target,
     },
@@ -198,27 +213,71 @@ async fn latency(
 ) {
     let db = fresh(&config).await;
     let pool = db.pool().clone();
-    // Orders are written as a create request writes them, through the guard.
-    let guard = Guard::new(db.clone(), config.idempotency.clone());
     let stop = CancellationToken::new();
-    let listen_on = orderd::db::direct_options(&config).expect("a URL");
     let stamped = Arc::new(Stamped {
         inner: publisher,
         acknowledged: Mutex::new(HashMap::new()),
     });
-    // As in `orderd serve`, the relay has connections of its own, apart from the writers'.
-    let relay_db = orderd::db::connect_relay_db(&config)
+    let task = start_relay(&config, stamped.clone(), listen, &stop).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let total = rate * seconds;
+    let started = Instant::now();
+    let committed = write_orders(&db, &config, TenantId(Uuid::new_v4()), rate, total).await;
+    let write_secs = started.elapsed().as_secs_f64();
+    until_published(&pool).await;
+    let shares = commit_to_ack(&stamped, &committed);
+    let mut lags: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("lags");
+    lags.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim-to-mark on the database clock p50 {:.1} ms, p99 {:.1} ms",
+        total as f64 / write_secs,
+        percentile(&shares, 0.5),
+        percentile(&shares, 0.99),
+        shares.last().copied().unwrap_or_default(),
+        percentile(&lags, 0.5),
+        percentile(&lags, 0.99),
+    );
+    stop.cancel();
+    task.await.expect("relay");
+}
+
+/// One relay over the benchmark's database, on connections of its own as in
+/// `orderd serve`, publishing through `publisher`, until `stop`.
+async fn start_relay(
+    config: &Config,
+    publisher: Arc<dyn Publisher>,
+    listen: bool,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let listen_on = orderd::db::direct_options(config).expect("a URL");
+    let relay_db = orderd::db::connect_relay_db(config)
         .await
         .expect("database");
-    let relay = Relay::new(relay_db, listen_on, stamped.clone(), config.outbox.clone());
+    let relay = Relay::new(relay_db, listen_on, publisher, config.outbox.clone());
     let relay = if listen {
         relay
     } else {
         relay.without_listen()
     };
-    let task = tokio::spawn(relay.run(stop.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let tenant = TenantId(Uuid::new_v4());
+    tokio::spawn(relay.run(stop.clone()))
+}
+
+/// Writes `total` orders of `tenant` at `rate`/s, each as a create request writes it
+/// (through the guard: the claim, then one statement); returns each order's id with
+/// the instant its writer saw the commit.
+async fn write_orders(
+    db: &Db,
+    config: &Config,
+    tenant: TenantId,
+    rate: u32,
+    total: u32,
+) -> Vec<(Uuid, Instant)> {
+    let guard = Guard::new(db.clone(), config.idempotency.clone());
     let new = NewOrder::parse(
         serde_json::json!({"sku": "BENCH-1", "quantity": 1})
             .as_object()
@@ -227,8 +286,6 @@ async fn latency(
     .unwrap();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let total = rate * seconds;
-    let started = Instant::now();
     let mut writers = tokio::task::JoinSet::new();
     for _ in 0..total {
         tick.tick().await;
@@ -273,94 +330,97 @@ async fn latency(
             (order_id, committed)
         });
     }
-    let committed = writers.join_all().await;
-    let write_secs = started.elapsed().as_secs_f64();
+    writers.join_all().await
+}
+
+/// From each commit to its event's first acknowledgement, in milliseconds, sorted.
+fn commit_to_ack(stamped: &Stamped, committed: &[(Uuid, Instant)]) -> Vec<f64> {
+    let acknowledged = stamped.acknowledged.lock().expect("not poisoned");
+    let mut shares: Vec<f64> = committed
+        .iter()
+        .map(|(order_id, at)| {
+            let acked = acknowledged
+                .get(order_id)
+                .expect("every event was published");
+            // Zero when the relay's acknowledgement came before the writer's task ran again.
+            acked.saturating_duration_since(*at).as_secs_f64() * 1000.0
+        })
+        .collect();
+    shares.sort_by(|a, b| a.total_cmp(b));
+    shares
+}
+
+/// Waits until no event is left to publish.
+async fn until_published(pool: &sqlx::PgPool) {
     loop {
         let pending: i64 =
             sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'")
-                .fetch_one(&pool)
+                .fetch_one(pool)
                 .await
                 .expect("count");
         if pending == 0 {
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut shares: Vec<f64> = {
-        let acknowledged = stamped.acknowledged.lock().expect("not poisoned");
-        committed
-            .iter()
-            .map(|(order_id, at)| {
-                let acked = acknowledged
-                    .get(order_id)
-                    .expect("every event was published");
-                // Zero when the relay's acknowledgement came before the writer's task ran again.
-                acked.saturating_duration_since(*at).as_secs_f64() * 1000.0
-            })
-            .collect()
-    };
-    shares.sort_by(|a, b| a.total_cmp(b));
-    let mut lags: Vec<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("lags");
-    lags.sort_by(|a, b| a.total_cmp(b));
-    println!(
-        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim-to-mark on the database clock p50 {:.1} ms, p99 {:.1} ms",
-        total as f64 / write_secs,
-        percentile(&shares, 0.5),
-        percentile(&shares, 0.99),
-        shares.last().copied().unwrap_or_default(),
-        percentile(&lags, 0.5),
-        percentile(&lags, 0.99),
-    );
-    stop.cancel();
-    task.await.expect("relay");
 }
 
-/// Inserts `events` pending rows, then lets one relay drain them.
-async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let db = fresh(&config).await;
-    let pool = db.pool().clone();
+/// Lays down `events` pending events, each of its own order: of `tenant`, or each of
+/// a tenant of its own.
+async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
+    // A million rows take longer than the statement timeout orderd's pools start with.
+    let mut tx = pool.begin().await.expect("a transaction");
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .expect("no timeout");
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
-         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+         SELECT coalesce($2, gen_random_uuid()), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
                 jsonb_build_object('event_type', 'OrderCreated', 'order', jsonb_build_object('sku', 'BENCH-1', 'quantity', 1)), now(), now()
          FROM generate_series(1, $1)",
     )
     .bind(events)
-    .execute(&pool)
+    .bind(tenant)
+    .execute(&mut *tx)
     .await
     .expect("seed the backlog");
+    tx.commit().await.expect("commit the backlog");
     sqlx::query("ANALYZE outbox_event")
-        .execute(&pool)
+        .execute(pool)
         .await
         .expect("analyze");
-    let listen_on = orderd::db::direct_options(&config).expect("a URL");
-    let relay = Relay::new(db, listen_on, publisher, config.outbox.clone());
-    // The production loop (with its parallel rounds), until nothing is pending.
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let started = Instant::now();
-    let running = tokio::spawn(relay.run(shutdown.clone()));
-    // Done when no row is PENDING: an existence check on the pending index, cheap
-    // enough not to take the database's CPU away from the relay (counting PUBLISHED
-    // rows this often would).
+}
+
+/// Waits, cheaply, until no event is PENDING: an existence check on the pending index,
+/// which does not take the database's CPU away from the relay (counting PUBLISHED rows
+/// this often would). Returns the seconds since `started`.
+async fn until_drained(pool: &sqlx::PgPool, started: Instant) -> f64 {
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let pending: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'PENDING')",
         )
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .expect("pending?");
         if !pending {
-            break;
+            return started.elapsed().as_secs_f64();
         }
     }
-    let secs = started.elapsed().as_secs_f64();
-    shutdown.cancel();
+}
+
+/// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
+/// drain them.
+async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
+    let db = fresh(&config).await;
+    let pool = db.pool().clone();
+    seed_backlog(&pool, events, None).await;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let running = start_relay(&config, publisher, true, &stop).await;
+    let secs = until_drained(&pool, started).await;
+    stop.cancel();
     running.await.expect("the relay stops");
     let published: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'")
@@ -371,6 +431,78 @@ async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
         "drain: {published} of {events} events in {secs:.1} s = {:.0} events/s ({} rounds at once)",
         published as f64 / secs,
         config.outbox.parallel_rounds
+    );
+}
+
+/// Fairness: the drain of one tenant's backlog of `events` alone, then the same
+/// backlog again while another tenant writes `rate` orders a second until it drained,
+/// `pairs` times alternating (the drain rate spreads by a fifth from run to run here).
+/// Reports the quiet tenant's commit-to-acknowledgement latency over all its writes,
+/// and the backlog's drain rate beside them against alone, pair by pair.
+async fn fairness(
+    config: Config,
+    publisher: Arc<dyn Publisher>,
+    events: i64,
+    rate: u32,
+    pairs: u32,
+) {
+    let noisy = Uuid::new_v4();
+    let mut ratios = Vec::new();
+    let mut rates = Vec::new();
+    let mut shares = Vec::new();
+    for _ in 0..pairs {
+        let alone = {
+            let db = fresh(&config).await;
+            let pool = db.pool().clone();
+            seed_backlog(&pool, events, Some(noisy)).await;
+            let stop = CancellationToken::new();
+            let started = Instant::now();
+            let running = start_relay(&config, publisher.clone(), true, &stop).await;
+            let secs = until_drained(&pool, started).await;
+            stop.cancel();
+            running.await.expect("the relay stops");
+            events as f64 / secs
+        };
+        let db = fresh(&config).await;
+        let pool = db.pool().clone();
+        seed_backlog(&pool, events, Some(noisy)).await;
+        let stamped = Arc::new(Stamped {
+            inner: publisher.clone(),
+            acknowledged: Mutex::new(HashMap::new()),
+        });
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let running = start_relay(&config, stamped.clone(), true, &stop).await;
+        // The quiet tenant writes while the backlog drains (about as long as it drained
+        // alone), then the backlog's drain time is taken.
+        let seconds = (events as f64 / alone).max(1.0);
+        let total = ((seconds * rate as f64) as u32).max(1);
+        let quiet = TenantId(Uuid::new_v4());
+        let writes = tokio::spawn({
+            let (db, config) = (db.clone(), config.clone());
+            async move { write_orders(&db, &config, quiet, rate, total).await }
+        });
+        let secs = until_drained(&pool, started).await;
+        let committed = writes.await.expect("the writer");
+        until_published(&pool).await;
+        stop.cancel();
+        running.await.expect("the relay stops");
+        shares.extend(commit_to_ack(&stamped, &committed));
+        let beside = (events + total as i64) as f64 / secs;
+        rates.push(format!("{alone:.0}/{beside:.0}"));
+        ratios.push(beside / alone);
+    }
+    shares.sort_by(|a, b| a.total_cmp(b));
+    let mut sorted = ratios.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "fairness: a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        sorted[sorted.len() / 2],
+        rates.join(", "),
+        shares.len(),
+        percentile(&shares, 0.5),
+        percentile(&shares, 0.99),
+        shares.last().copied().unwrap_or_default(),
     );
 }
 
@@ -395,6 +527,16 @@ async fn main() {
             let config = config(&args.database_url, 500);
             let publisher = publisher(target, &config).await;
             drain(config, publisher, events).await;
+        }
+        Scenario::Fairness {
+            events,
+            rate,
+            pairs,
+            publisher: target,
+        } => {
+            let config = config(&args.database_url, 500);
+            let publisher = publisher(target, &config).await;
+            fairness(config, publisher, events, rate, pairs.max(1)).await;
         }
     }
 }

@@ -31,6 +31,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         db::migrate(&config).await?;
     }
     let db = db::connect_db(&config).await?;
+    db::check_autovacuum(&db).await?;
     Application::build(config, db)
         .await?
         .run_until(shutdown_signal())
@@ -42,6 +43,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 pub async fn relay(config: Config) -> anyhow::Result<()> {
     let publisher = publisher(&config).await?;
     let db = db::connect_db(&config).await?;
+    db::check_autovacuum(&db).await?;
     run_relay(config, db, publisher, shutdown_signal()).await
 }
 

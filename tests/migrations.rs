@@ -46,6 +46,14 @@ const RELEASED: &[(&str, &str)] = &[
         "20261202000008_sealed_responses.sql",
         "4c98eebb65b1e9af7c648f62241747f3a965590b8d3ffce1dada4e7b65c174d5",
     ),
+    (
+        "20261202000009_outbox_pending_by_tenant.sql",
+        "f82375540e36b80fe6f826d3413cb76fb29e98635e2b514286726401a99ce7c3",
+    ),
+    (
+        "20261202000010_purged_tables_autovacuum.sql",
+        "f04bf5b60f6b33fdedf620974a9be6b9e1b7ac56c5fdf33cf782cc5001af4cb6",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

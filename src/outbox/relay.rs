@@ -166,8 +166,11 @@ impl Relay {
                     );
                     Some(pause)
                 }
-                // A full batch means more may be due right now.
-                Ok(round) if round.claimed as u32 >= self.config.batch_size => continue,
+                // Half a batch or more means a backlog: more is due right now. (A
+                // round beside another relay's may come out short of a full batch, its
+                // rows taken by the other; waiting for the poll then would halve the
+                // drain.)
+                Ok(round) if 2 * round.claimed as u32 >= self.config.batch_size => continue,
                 Ok(_) => None,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox round failed; retrying after the poll interval");

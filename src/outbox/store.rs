@@ -52,21 +52,75 @@ pub struct Claimed {
 /// header without complaint.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
-/// Up to `$1` due events that are the oldest unpublished event of their order, leased
-/// for `$2` milliseconds to the relay round `$3` (its claim, which fences what it
-/// records afterwards).
+/// Up to `$1` due events, each the oldest unpublished event of its order, shared
+/// fairly among the tenants that have events due, leased for `$2` milliseconds to the
+/// relay round `$3` (its claim, which fences what it records afterwards).
+///
+/// Fairness: the relay does not simply take the oldest due events of all tenants,
+/// behind which one tenant's backlog (a bulk import, a re-drive of many DEAD rows) would
+/// make everyone else wait. It walks up to `$5` tenants that have pending events, from
+/// the random tenant id `$4` on and around (a loose index scan: one probe of
+/// `outbox_event_pending_by_tenant` per tenant), and gives each an equal share of the
+/// batch, its oldest due events first. Whatever the shares leave of the batch is filled
+/// with the oldest due events of all, so a lone backlog still drains at full batches.
+/// A tenant with one new event is thus in the next round, whatever another has pending.
 ///
 /// Per-order ordering lives in the `NOT EXISTS`: an event waits while any earlier
 /// event of its order is not yet PUBLISHED (pending, in flight at another relay, or
 /// DEAD), so each order has at most one event in flight across all relays and
 /// consumers see an order's events in commit order. Other orders are unaffected.
-/// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
+/// Each tenant's share is read in `(tenant_id, next_attempt_at)` order, the order of
+/// `outbox_event_pending_by_tenant`, and its tenant is bounded as a range (`>=` and
+/// `<=`), which keeps `tenant_id` in that order: given `=`, the planner dropped it,
+/// ordered by the time alone and walked the whole pending index by time looking for a
+/// quiet tenant's one row behind another's million (3 s a claim, measured).
+///
+/// `SKIP LOCKED` lets several relays claim side by side without waiting on each other;
+/// both the shares and the oldest rows are locked as they are read, so that relays
+/// working one backlog side by side take consecutive slices of it, not the same one.
+/// The candidates are carried by their row addresses and locked and updated through
+/// them (TID scans): joined back on the key, the planner chose an index on the tenant
+/// alone, which for a tenant with a million pending rows meant scanning all of them
+/// once per candidate.
 ///
 /// The claim commits asynchronously (no wait for the WAL flush): it is only a lease.
 /// If the database crashes before flushing it, the rows are simply claimable again and
 /// published once more, the duplicate a relay crash causes anyway.
-pub const CLAIM_DUE: &str = "WITH due AS (
-         SELECT e.tenant_id, e.event_id
+pub const CLAIM_DUE: &str = "WITH RECURSIVE tenants(tenant_id, n) AS (
+         SELECT coalesce(
+                    (SELECT p.tenant_id FROM outbox_event p
+                     WHERE p.status = 'PENDING' AND p.tenant_id >= $4 ORDER BY p.tenant_id LIMIT 1),
+                    (SELECT p.tenant_id FROM outbox_event p
+                     WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)),
+                1
+         UNION ALL
+         SELECT coalesce(
+                    (SELECT p.tenant_id FROM outbox_event p
+                     WHERE p.status = 'PENDING' AND p.tenant_id > t.tenant_id ORDER BY p.tenant_id LIMIT 1),
+                    (SELECT p.tenant_id FROM outbox_event p
+                     WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)),
+                t.n + 1
+         FROM tenants t
+         WHERE t.tenant_id IS NOT NULL AND t.n < $5),
+     visited AS (SELECT DISTINCT tenant_id FROM tenants WHERE tenant_id IS NOT NULL),
+     share AS (SELECT greatest(1, $1 / greatest(count(*), 1)) AS per_tenant FROM visited),
+     fair AS (
+         SELECT c.row, 0 AS rank, c.next_attempt_at
+         FROM visited v CROSS JOIN share
+         CROSS JOIN LATERAL (
+             SELECT e.ctid AS row, e.next_attempt_at
+             FROM outbox_event e
+             WHERE e.tenant_id >= v.tenant_id AND e.tenant_id <= v.tenant_id AND e.status = 'PENDING'
+               AND e.next_attempt_at <= clock_timestamp()
+               AND NOT EXISTS (
+                   SELECT 1 FROM outbox_event earlier
+                   WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
+                     AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
+             ORDER BY e.tenant_id, e.next_attempt_at
+             LIMIT share.per_tenant
+             FOR UPDATE OF e SKIP LOCKED) c),
+     oldest AS (
+         SELECT e.ctid AS row, NULL::int AS rank, e.next_attempt_at
          FROM outbox_event e
          WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
            AND NOT EXISTS (
@@ -75,14 +129,31 @@ pub const CLAIM_DUE: &str = "WITH due AS (
                  AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
          ORDER BY e.next_attempt_at
          LIMIT $1
+         FOR UPDATE OF e SKIP LOCKED),
+     candidates AS (
+         SELECT row
+         FROM (SELECT * FROM fair UNION ALL SELECT * FROM oldest) c
+         GROUP BY row
+         ORDER BY min(rank) NULLS LAST, min(next_attempt_at)
+         LIMIT $1),
+     due AS (
+         SELECT e.ctid AS row
+         FROM outbox_event e
+         WHERE e.ctid = ANY (ARRAY(SELECT row FROM candidates))
+           AND e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
          FOR UPDATE OF e SKIP LOCKED)
      UPDATE outbox_event o
      SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond', claimed_by = $3
      FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = due.tenant_id AND o.event_id = due.event_id
+     WHERE o.ctid = due.row
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
                o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
                extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
+
+/// How many tenants with pending events one claim visits at most: each costs one probe
+/// of an index of pending rows and one short range scan, and each gets an equal share
+/// of the batch.
+pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
 
 /// Marks a round's acknowledged events, asynchronously committed like the claim: a
 /// mark lost to a database crash only means those events are published once more
@@ -145,7 +216,8 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
          LIMIT $2
          FOR UPDATE SKIP LOCKED)";
 
-/// Claims up to `batch` due events (see [`CLAIM_DUE`]) and leases them for `lease_ms`.
+/// Claims up to `batch` due events, shared fairly among tenants (see [`CLAIM_DUE`]),
+/// and leases them for `lease_ms`.
 /// Each row is read on its own: one that cannot be read is returned as
 /// [`Unreadable`] and never fails its batch-mates.
 pub async fn claim_due(
@@ -155,11 +227,16 @@ pub async fn claim_due(
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claimed> {
+    // Where this round starts walking the tenants: anywhere, so that over the rounds
+    // every tenant is visited alike.
+    let start = Uuid::new_v4();
     let rows: Vec<PgRow> = sqlx::query(CLAIM_DUE)
         .persistent(statements.named())
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
+        .bind(start)
+        .bind(FAIR_TENANTS_PER_CLAIM)
         .fetch_all(db)
         .await?;
     let mut claimed = Claimed::default();

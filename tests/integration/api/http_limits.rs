@@ -180,6 +180,10 @@ async fn clients_that_never_read_their_responses_lose_their_connections_at_the_w
         .await
         .expect("served once the slots are freed");
     assert_eq!(health.status(), 200);
+    // The new client needed one freed slot; give the others (whose writes stalled a
+    // little later on a loaded machine) a few write timeouts more. Reading a connection
+    // the server has not given up on would let its writes progress and keep it open.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     // Each stuck connection was closed by the server: reading it now ends.
     for mut conn in stuck {
         let rest = read_until_closed(&mut conn).await;

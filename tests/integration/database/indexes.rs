@@ -223,11 +223,16 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
     );
 
     let claim = plan(&db, outbox::CLAIM_DUE, |q| {
-        q.bind(100i64).bind(16_000i64).bind(Uuid::new_v4())
+        q.bind(100i64)
+            .bind(16_000i64)
+            .bind(Uuid::new_v4())
+            .bind(Uuid::new_v4())
+            .bind(outbox::FAIR_TENANTS_PER_CLAIM)
     })
     .await;
     assert!(!claim.contains("Seq Scan"), "{claim}");
-    assert!(claim.contains("outbox_event_pending"), "{claim}");
+    assert!(claim.contains("outbox_event_pending "), "{claim}");
+    assert!(claim.contains("outbox_event_pending_by_tenant"), "{claim}");
     assert!(
         claim.contains("outbox_event_unpublished_by_order"),
         "{claim}"

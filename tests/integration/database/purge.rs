@@ -60,3 +60,44 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
         IdempotencyPurge::default()
     );
 }
+
+/// The purged tables are vacuumed at 2 % of dead rows, not the server's default of a
+/// fifth, and orderd reads (and warns about) a server that does not vacuum at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purged_tables_are_vacuumed_early_and_a_server_without_autovacuum_is_noticed() {
+    let db = TestDb::new().await;
+    for table in ["idempotency_record", "outbox_event"] {
+        let options: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(reloptions) FROM pg_class WHERE oid = $1::regclass ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            options,
+            [
+                "autovacuum_analyze_scale_factor=0.02",
+                "autovacuum_vacuum_insert_scale_factor=0.02",
+                "autovacuum_vacuum_scale_factor=0.02",
+            ],
+            "{table}"
+        );
+    }
+    // The business record keeps the server's defaults: it is not a queue.
+    let orders: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = 'orders'::regclass")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(orders, None);
+
+    let server: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let config = crate::support::settings(&db, &[]);
+    let orderd_db = orderd::db::connect_db(&config).await.unwrap();
+    let on = orderd::db::check_autovacuum(&orderd_db).await.unwrap();
+    assert_eq!(on, server == "on");
+}

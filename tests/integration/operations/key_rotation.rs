@@ -273,10 +273,12 @@ async fn two_rewraps_beside_live_writes_seal_every_record_once_under_the_first_k
 async fn a_rewrap_killed_midway_finishes_the_rest_when_run_again() {
     let db = TestDb::new().await;
     clear_records(&db, 20_000).await;
+    // Named, so that the test can see its sessions end.
+    let named = format!("{}?application_name=killed-rewrap", db.url);
     let first = KillOnDrop(
         Command::new(BIN)
             .args(["keys", "rewrap", "--batch", "20"])
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", &named)
             .env("ORDERD_RESPONSE_KEYS", K1)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -288,6 +290,13 @@ async fn a_rewrap_killed_midway_finishes_the_rest_when_run_again() {
     )
     .await;
     drop(first); // SIGKILL, mid-batch as likely as not
+    // A COMMIT the process sent just before it died still runs in its server session:
+    // count only once that session is gone.
+    db.until_count(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'killed-rewrap'",
+        0,
+    )
+    .await;
     let done: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idempotency_record WHERE response_key_id = 'k1'")
             .fetch_one(&db.pool)

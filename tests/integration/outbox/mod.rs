@@ -1,3 +1,4 @@
+mod fairness;
 mod forwarding;
 mod kafka;
 mod relay;

@@ -485,16 +485,7 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
     // moto delivers to SQS at only ~100 messages/s, so this volume goes to a topic of
     // its own with no queue; what SNS acknowledged is observed at the publisher.
     let moto = crate::support::sns::start_moto();
-    let arn = crate::support::sns::sns_client(&moto)
-        .await
-        .create_topic()
-        .name("bulk")
-        .send()
-        .await
-        .unwrap()
-        .topic_arn()
-        .unwrap()
-        .to_string();
+    let arn = crate::support::sns::bare_topic(&moto, "bulk").await;
     let db = TestDb::new().await;
     // 1,000 orders with three events each, committed up front.
     sqlx::raw_sql(

@@ -231,6 +231,22 @@ impl Received {
     }
 }
 
+/// A topic named `name` with no queue subscribed, on the moto at `endpoint`: for tests
+/// whose volume moto's SQS delivery (about 100 messages/s) could not carry; what SNS
+/// acknowledged is observed at the publisher instead.
+pub async fn bare_topic(endpoint: &str, name: &str) -> String {
+    sns_client(endpoint)
+        .await
+        .create_topic()
+        .name(name)
+        .send()
+        .await
+        .expect("create topic")
+        .topic_arn()
+        .unwrap()
+        .to_string()
+}
+
 /// A real aws-sdk-sns client for moto (or a proxy in front of it), configured
 /// explicitly so that parallel tests never touch the process environment.
 pub async fn sns_client(endpoint: &str) -> aws_sdk_sns::Client {
