@@ -410,18 +410,30 @@ async fn until_drained(pool: &sqlx::PgPool, started: Instant) -> f64 {
     }
 }
 
-/// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
-/// drain them.
-async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let db = fresh(&config).await;
+/// A fresh database with a backlog of `events` (see [`seed_backlog`]) drained by one
+/// relay, nothing else running; returns its pool and the seconds the drain took.
+async fn drain_once(
+    config: &Config,
+    publisher: Arc<dyn Publisher>,
+    events: i64,
+    tenant: Option<Uuid>,
+) -> (sqlx::PgPool, f64) {
+    let db = fresh(config).await;
     let pool = db.pool().clone();
-    seed_backlog(&pool, events, None).await;
+    seed_backlog(&pool, events, tenant).await;
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let running = start_relay(&config, publisher, true, &stop).await;
+    let running = start_relay(config, publisher, true, &stop).await;
     let secs = until_drained(&pool, started).await;
     stop.cancel();
     running.await.expect("the relay stops");
+    (pool, secs)
+}
+
+/// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
+/// drain them.
+async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
+    let (pool, secs) = drain_once(&config, publisher, events, None).await;
     let published: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'")
             .fetch_one(&pool)
@@ -451,18 +463,8 @@ async fn fairness(
     let mut rates = Vec::new();
     let mut shares = Vec::new();
     for _ in 0..pairs {
-        let alone = {
-            let db = fresh(&config).await;
-            let pool = db.pool().clone();
-            seed_backlog(&pool, events, Some(noisy)).await;
-            let stop = CancellationToken::new();
-            let started = Instant::now();
-            let running = start_relay(&config, publisher.clone(), true, &stop).await;
-            let secs = until_drained(&pool, started).await;
-            stop.cancel();
-            running.await.expect("the relay stops");
-            events as f64 / secs
-        };
+        let (_, secs) = drain_once(&config, publisher.clone(), events, Some(noisy)).await;
+        let alone = events as f64 / secs;
         let db = fresh(&config).await;
         let pool = db.pool().clone();
         seed_backlog(&pool, events, Some(noisy)).await;
