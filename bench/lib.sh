@@ -60,6 +60,16 @@ bench_create_key() {
         -d '{"sku":"SKU-BENCH","quantity":1}'
 }
 
+# The completed record bench/replay.pgbench reads (its own tenant and key, a body of
+# 300 bytes), in the database at BENCH_URL; there already, it stays.
+bench_seed_replay_record() {
+    psql -qX "$BENCH_URL" -c "INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state,
+            response_status, response_content_type, response_body, created_at, completed_at, expires_at)
+        VALUES ('00000000-0000-0000-0000-0000000000be', 'POST /v1/orders', 'bench-replay-key-0001',
+            sha256('x'), 'COMPLETED', 201, 'application/json', convert_to(repeat('x', 300), 'UTF8'),
+            now(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING" >/dev/null
+}
+
 # --- Measuring: shared by bench/run and bench/scale. They set OUT (a scratch folder),
 # RUN_SECS, PGBENCH and ADMIN, and start orderd (ORDERD_PID, BASE, BENCH_URL) first.
 
