@@ -141,7 +141,7 @@ check_mcp_python() {
 # (tests/blackbox/hostile.py); and the identity-provider settings that must not start.
 check_hostile() {
     local bin="$1" noisy out
-    log "hostile clients: slow heads and bodies, idle, noisy tenant, forged logs, non-readers, descriptors"
+    log "hostile clients: slow heads and bodies, idle, noisy tenant, forged logs, non-readers, anonymous bodies, descriptors"
     start_blackbox "$bin" ORDERD_HTTP_MAX_IN_FLIGHT=8 ORDERD_HTTP_READ_TIMEOUT_MS=2000 \
         ORDERD_HTTP_IDLE_TIMEOUT_MS=50000 ORDERD_TENANT_RATE_PER_SEC=20 ORDERD_TENANT_BURST=20 \
         ORDERD_LOG_FORMAT=text
@@ -154,6 +154,13 @@ check_hostile() {
     start_blackbox "$bin" ORDERD_HTTP_MAX_CONNECTIONS=12 ORDERD_HTTP_WRITE_TIMEOUT_MS=2000
     python3 tests/blackbox/hostile.py non-readers "http://127.0.0.1:$BLACKBOX_PORT" \
         "$BLACKBOX_TOKEN" "$BLACKBOX_PID" 2 12
+    stop_blackbox
+
+    # Clients without a token announcing bodies and stalling: answered from the head,
+    # their bodies never held (HOSTILE_ANONYMOUS connections, 1,500 by default).
+    start_blackbox "$bin"
+    python3 tests/blackbox/hostile.py anonymous-bodies "http://127.0.0.1:$BLACKBOX_PORT" \
+        "$BLACKBOX_TOKEN" "$BLACKBOX_PID" "${HOSTILE_ANONYMOUS:-1500}"
     stop_blackbox
 
     start_blackbox "$bin" ORDERD_HTTP_READ_TIMEOUT_MS=2000

@@ -11,6 +11,7 @@ use crate::{
     auth::{self, Verifier},
     config::{self, Config, Sink, bind_address},
     db::{self, Db},
+    erasure::{self, Erasures},
     idempotency::Guard,
     outbox::{self, kafka::KafkaPublisher, publisher::Publisher, relay::Relay, sns::SnsPublisher},
     reconcile,
@@ -131,12 +132,30 @@ impl Application {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
     /// finish (up to a grace period) and stops the background jobs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+        // The tenants being erased, known before the first request; kept up to date by
+        // a job below.
+        let erasures = Arc::new(Erasures::default());
+        erasures.reload(&self.db).await?;
+        let guard = Guard::new(self.db.clone(), self.config.idempotency.clone());
         let service = Service::new(
             self.db.clone(),
-            Guard::new(self.db.clone(), self.config.idempotency.clone()),
+            guard.clone(),
             self.config.http.max_in_flight,
+            erasures.clone(),
         );
         let supervisor = Supervisor::new();
+        {
+            let (db, listen_on) = (self.db.clone(), db::direct_options(&self.config)?);
+            supervisor.spawn("tenant erasures", move |token| {
+                erasure::follow(
+                    erasures,
+                    db,
+                    listen_on,
+                    move || guard.forget_cached_replays(),
+                    token,
+                )
+            });
+        }
         let relay_runs = self.relay.is_some();
         if let Some(RelayParts {
             publisher,

@@ -79,13 +79,17 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Seal every stored response not under the first of ORDERD_RESPONSE_KEYS under it,
-    /// in batches; safe beside live traffic and another rewrap, resumable. Exits 1 when
-    /// some record needs a key that is not configured.
+    /// Seal every stored response not under the first of ORDERD_RESPONSE_KEYS (in clear,
+    /// under another key, or with an older layout) under it, in batches; safe beside
+    /// live traffic and another rewrap, resumable. Exits 0 only when no completed
+    /// record is left unsealed; otherwise 1, saying how many and which.
     Rewrap {
         /// Records per batch (one short transaction each).
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
         batch: i64,
+        /// How long to keep retrying records that other transactions hold, in seconds.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        wait: u64,
     },
 }
 
@@ -96,8 +100,9 @@ pub enum TenantCommand {
         #[arg(long)]
         tenant: Uuid,
     },
-    /// Delete the tenant's orders, idempotency records and events in batches; publishes
-    /// nothing; resumable. The tenant's tokens keep working and find nothing.
+    /// Delete the tenant's orders, idempotency records and events in batches, refusing
+    /// its writes in every process meanwhile; publishes nothing; resumable. Exits 0 only
+    /// when no row of the tenant is left; afterwards its tokens work and find nothing.
     Erase {
         #[arg(long)]
         tenant: Uuid,
@@ -108,6 +113,10 @@ pub enum TenantCommand {
         /// fast as the database goes.
         #[arg(long, default_value_t = lifecycle::ERASE_ROWS_PER_SEC, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
         rows_per_sec: u32,
+        /// Who asks, kept with the erasure's mark and logged; default the operating-system
+        /// user.
+        #[arg(long)]
+        actor: Option<String>,
     },
 }
 
@@ -146,8 +155,8 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Reconcile => reconcile(configured()?).await,
         Command::Outbox { command } => outbox_command(configured()?, command).await,
         Command::Keys {
-            command: KeysCommand::Rewrap { batch },
-        } => rewrap(configured()?, batch).await,
+            command: KeysCommand::Rewrap { batch, wait },
+        } => rewrap(configured()?, batch, Duration::from_secs(wait)).await,
         Command::Tenant { command } => tenant_command(configured()?, command).await,
         Command::Token {
             tenant,
@@ -267,11 +276,13 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
     Ok(())
 }
 
-async fn rewrap(config: Config, batch: i64) -> anyhow::Result<()> {
+async fn rewrap(config: Config, batch: i64, wait: Duration) -> anyhow::Result<()> {
+    use idempotency::{rewrap::Why, seal};
     let db = db::db_of_size(&config, 2).await?;
-    let sealer = idempotency::seal::Sealer::new(&config.idempotency.response_keys);
+    // Records in clear are what a rewrap seals: it reads them whatever replays do.
+    let sealer = seal::Sealer::new(&config.idempotency.response_keys, seal::ClearRecords::Serve);
     let mut reported = std::time::Instant::now();
-    let report = idempotency::rewrap::rewrap(&db, &sealer, batch, |so_far| {
+    let report = idempotency::rewrap::rewrap(&db, &sealer, batch, wait, |so_far| {
         if reported.elapsed().as_secs() >= 5 {
             reported = std::time::Instant::now();
             eprintln!("  ... {} resealed so far", so_far.resealed);
@@ -286,22 +297,43 @@ async fn rewrap(config: Config, batch: i64) -> anyhow::Result<()> {
         report.seconds,
         report.resealed as f64 / report.seconds.max(1e-9)
     );
-    for (key, count) in &report.unknown_keys {
+    if report.complete() {
+        println!("every completed record is sealed under key `{under}`");
+        return Ok(());
+    }
+    println!(
+        "{} completed records are not sealed under key `{under}`:",
+        report.left
+    );
+    for (key, count) in report.unknown_keys() {
         println!(
             "  {count} records are sealed under key `{key}`, which is not configured: left as they are"
         );
     }
-    if report.unreadable > 0 {
+    let unreadable = report.count(&Why::Unreadable);
+    if unreadable > 0 {
         println!(
-            "  {} records do not open under the key they name: left as they are (see the log)",
-            report.unreadable
+            "  {unreadable} records do not open under the key they name: left as they are (see the log)"
         );
     }
-    anyhow::ensure!(
-        report.complete(),
-        "some stored responses are not sealed under `{under}`: keep their keys configured"
-    );
-    Ok(())
+    let held = report.count(&Why::Held);
+    if held > 0 {
+        println!(
+            "  {held} records were held by other transactions for the whole wait ({} s): run it again",
+            wait.as_secs()
+        );
+    }
+    for left in report.named.iter().take(20) {
+        let (tenant, endpoint, key) = &left.record;
+        println!(
+            "  - tenant {tenant}, `{endpoint}`, key `{key}`: {:?}",
+            left.why
+        );
+    }
+    anyhow::bail!(
+        "{} stored responses are not sealed under `{under}`: keep the other keys configured",
+        report.left
+    )
 }
 
 async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Result<()> {
@@ -321,10 +353,17 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
             tenant,
             batch,
             rows_per_sec,
+            actor,
         } => {
             let mut reported = std::time::Instant::now();
-            let pace = std::num::NonZeroU32::new(rows_per_sec);
-            let erased = lifecycle::erase(&db, TenantId(tenant), batch, pace, |so_far| {
+            let plan = lifecycle::ErasePlan {
+                batch,
+                rows_per_sec: std::num::NonZeroU32::new(rows_per_sec),
+                actor: actor.unwrap_or_else(os_user),
+                relay_lease: outbox::relay::claim_lease(config.outbox.publish_timeout),
+            };
+            tracing::info!(tenant = %tenant, actor = %plan.actor, "tenant erasure started");
+            let erased = lifecycle::erase(&db, TenantId(tenant), &plan, |so_far| {
                 if reported.elapsed().as_secs() >= 5 {
                     reported = std::time::Instant::now();
                     eprintln!("  ... {} rows deleted so far", so_far.rows());
@@ -332,16 +371,39 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
             })
             .await?;
             println!(
-                "erased tenant {tenant}: {} orders, {} idempotency records, {} events in {:.1} s, {:.0} rows/s",
+                "erased tenant {tenant}: {} orders, {} idempotency records, {} events in {:.1} s \
+                 ({} passes; deleting at {:.0} rows/s); no row of the tenant is left",
                 erased.orders,
                 erased.records,
                 erased.events,
                 erased.seconds,
-                erased.rows() as f64 / erased.seconds.max(1e-9)
+                erased.passes,
+                erased.rows() as f64 / erased.deleting_seconds.max(1e-9)
             );
         }
     }
     Ok(())
+}
+
+/// The operating-system user running this command, for audit lines.
+pub fn os_user() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| format!("uid {}", numeric_uid()))
+}
+
+/// The numeric user id, read from `/proc` (no `libc` call needed).
+fn numeric_uid() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next().map(String::from))
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Mints a dev token: needs only the JWT settings, no database.

@@ -74,6 +74,7 @@ mod table {
     setting!(IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion");
     setting!(LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over");
     setting!(RESPONSE_KEYS, "ORDERD_RESPONSE_KEYS", None, Kind::Secret, "keys that seal stored responses at rest with AES-256-GCM, as comma-separated `id:base64` (32 bytes each, ids of 1 to 64 of `A-Za-z0-9._-`): the first seals new records, every one opens; unset: stored as they are. Rotate by putting a new key first, running `orderd keys rewrap`, then dropping the old one");
+    setting!(RESPONSE_CLEAR, "ORDERD_RESPONSE_CLEAR", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response kept in clear while `ORDERD_RESPONSE_KEYS` is set: `serve` it (records stored before keys were turned on), or `refuse` it with 503 once `orderd keys rewrap` has sealed every record, so that a clear body written into the table is never served");
     setting!(REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("6291456"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1.5 KiB each (least recently used go first); `0` turns the cache off");
     setting!(INFLIGHT_WAIT_MS, "ORDERD_INFLIGHT_WAIT_MS", Some("200"), range(0, 10_000), "how long a duplicate of an in-flight request waits for it before answering 409");
     setting!(HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)");
@@ -96,7 +97,7 @@ mod table {
     setting!(SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "the SNS topic the relay publishes to; a relay needs exactly one sink, this or Kafka; a `.fifo` ARN adds message group and deduplication ids");
     setting!(KAFKA_BROKERS, "ORDERD_KAFKA_BROKERS", None, Kind::Text, "bootstrap servers (`host:port,host:port`) of the Kafka cluster the relay publishes to instead of SNS; needs `ORDERD_KAFKA_TOPIC`");
     setting!(KAFKA_TOPIC, "ORDERD_KAFKA_TOPIC", None, Kind::Text, "the Kafka topic the relay publishes to (it must exist; orderd does not create it); needs `ORDERD_KAFKA_BROKERS`");
-    setting!(KAFKA_CONFIG, "ORDERD_KAFKA_CONFIG", None, Kind::Secret, "further producer properties as `name=value` pairs separated by commas (`security.protocol=SASL_SSL,sasl.mechanism=PLAIN,...`); values are never logged; the delivery guarantees (`acks`, `enable.idempotence`, the timeouts orderd derives) cannot be set here");
+    setting!(KAFKA_CONFIG, "ORDERD_KAFKA_CONFIG", None, Kind::Secret, "further producer properties as `name=value` pairs separated by commas (`security.protocol=SASL_SSL,sasl.mechanism=PLAIN,...`); values are never logged; only security (`ssl.*`, `sasl.*`), client identity, compression, batching, connection and diagnostic properties are accepted (docs/operations.md lists them), anything else stops the process at start");
     setting!(OUTBOX_BATCH_SIZE, "ORDERD_OUTBOX_BATCH_SIZE", Some("100"), range(1, 1000), "events claimed per relay round");
     setting!(OUTBOX_PARALLEL_ROUNDS, "ORDERD_OUTBOX_PARALLEL_ROUNDS", Some("2"), range(1, 32), "rounds (claim, publish, mark) one relay runs at once, so that a backlog keeps the database and SNS busy together; in `serve` each has a database connection of its own, apart from the API's pool");
     setting!(OUTBOX_POLL_MS, "ORDERD_OUTBOX_POLL_MS", Some("1000"), range(1, 60_000), "fallback poll interval (commits wake the relay through LISTEN/NOTIFY)");
@@ -110,7 +111,7 @@ mod table {
     pub const SETTINGS: &[&Setting] = &[
         &DATABASE_URL, &DATABASE_DIRECT_URL, &DB_POOLER, &BIND, &METRICS_BIND, &MIGRATE,
         &JWT_HS256_SECRET, &JWT_PUBLIC_KEY_FILE, &JWT_JWKS_URL, &JWT_ISSUER, &JWT_AUDIENCE,
-        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES, &RESPONSE_KEYS,
+        &IDEMPOTENCY_TTL_SECS, &LEASE_SECS, &INFLIGHT_WAIT_MS, &REPLAY_CACHE_BYTES, &RESPONSE_KEYS, &RESPONSE_CLEAR,
         &HTTP_READ_TIMEOUT_MS, &HTTP_IDLE_TIMEOUT_MS, &HTTP_WRITE_TIMEOUT_MS, &HTTP_MAX_CONNECTIONS, &HTTP_MAX_IN_FLIGHT,
         &TENANT_RATE_PER_SEC, &TENANT_BURST, &TENANT_MAX_IN_FLIGHT, &PUBLIC_URL, &MCP_ALLOWED_ORIGINS,
         &DB_POOL_SIZE, &DB_STATEMENT_TIMEOUT_MS, &PURGE_INTERVAL_SECS, &RECONCILE_INTERVAL_SECS,
@@ -298,6 +299,9 @@ pub struct IdempotencyConfig {
     /// The keys stored responses are sealed with (`ORDERD_RESPONSE_KEYS`): the first
     /// seals, every one opens; none: stored as they are.
     pub response_keys: Vec<ResponseKey>,
+    /// Whether a body stored in clear is refused (503) while keys are configured
+    /// (`ORDERD_RESPONSE_CLEAR=refuse`).
+    pub refuse_clear_records: bool,
 }
 
 /// One key of `ORDERD_RESPONSE_KEYS`: its id, stored beside what it sealed, and its 32
@@ -429,7 +433,8 @@ pub struct KafkaConfig {
 }
 
 /// Producer properties the relay sets itself, because the delivery guarantees or the
-/// claim lease depend on them: what `ORDERD_KAFKA_CONFIG` may not set, with why.
+/// claim lease depend on them, with why: named when `ORDERD_KAFKA_CONFIG` tries one,
+/// so that the operator learns what to set instead.
 pub const KAFKA_OWNED_PROPERTIES: &[(&str, &str)] = &[
     (
         "acks",
@@ -454,7 +459,90 @@ pub const KAFKA_OWNED_PROPERTIES: &[(&str, &str)] = &[
         "delivery.timeout.ms",
         "it follows ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS, which the claim lease is derived from",
     ),
+    (
+        "partitioner",
+        "an order's events share a partition (murmur2 of the order id)",
+    ),
+    (
+        "max.in.flight",
+        "the idempotent producer keeps an order's records in order at 5 in flight",
+    ),
+    (
+        "max.in.flight.requests.per.connection",
+        "the idempotent producer keeps an order's records in order at 5 in flight",
+    ),
 ];
+
+/// What `ORDERD_KAFKA_CONFIG` accepts: properties that cannot weaken delivery or move an
+/// order's records, under every name librdkafka knows them by. An allow-list rather
+/// than a list of what is refused, because librdkafka answers to aliases (a `topic.`
+/// prefix reaches every topic property, `linger.ms` is also `queue.buffering.max.ms`)
+/// and a list of refusals always misses one. Anything else is refused at start.
+pub const KAFKA_ALLOWED_PROPERTIES: &[&str] = &[
+    // Transport security (TLS and SASL have families of their own, below).
+    "security.protocol",
+    "enable.ssl.certificate.verification",
+    "ssl_key",
+    "ssl_certificate",
+    "ssl_ca",
+    // Who the client is, where it runs.
+    "client.id",
+    "client.rack",
+    "client.dns.lookup",
+    "broker.address.family",
+    "broker.address.ttl",
+    // Compression.
+    "compression.codec",
+    "compression.type",
+    "compression.level",
+    // Batching and buffering.
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "batch.num.messages",
+    "batch.size",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "message.max.bytes",
+    // Connections (no timeouts: the claim lease is derived from the publish timeout).
+    "socket.keepalive.enable",
+    "socket.nagle.disable",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "connections.max.idle.ms",
+    "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "metadata.max.age.ms",
+    // Diagnostics.
+    "debug",
+    "log_level",
+    "log.connection.close",
+];
+
+/// Families of security properties accepted by prefix: TLS (`ssl.*`) and SASL
+/// (`sasl.*`, Kerberos and OAUTHBEARER included). None of them touches delivery.
+pub const KAFKA_ALLOWED_PREFIXES: &[&str] = &["ssl.", "sasl."];
+
+/// Why `name` may not be set through `ORDERD_KAFKA_CONFIG`, or `None` when it may.
+pub fn kafka_property_refusal(name: &str) -> Option<String> {
+    if let Some((_, why)) = KAFKA_OWNED_PROPERTIES
+        .iter()
+        .find(|(owned, _)| *owned == name)
+    {
+        return Some(why.to_string());
+    }
+    if let Some(property) = name.strip_prefix("topic.") {
+        return Some(format!(
+            "a `topic.` property reaches the topic's own settings (`{property}`), which orderd sets"
+        ));
+    }
+    let allowed = KAFKA_ALLOWED_PROPERTIES.contains(&name)
+        || KAFKA_ALLOWED_PREFIXES.iter().any(|p| name.starts_with(p));
+    (!allowed).then(|| {
+        "only security (ssl.*, sasl.*, security.protocol), client identity, compression, \
+         batching, connection and diagnostic properties may be set (docs/operations.md lists them)"
+            .to_string()
+    })
+}
 
 /// The largest `max.in.flight.requests.per.connection` an idempotent producer keeps
 /// its order with.
@@ -491,7 +579,8 @@ impl KafkaConfig {
 }
 
 /// `name=value,name=value`: names are librdkafka's (lower case, digits, `.` and `_`),
-/// each at most once, none that the relay owns; values may be anything but a comma.
+/// each at most once, each one [`kafka_property_refusal`] accepts; values may be
+/// anything but a comma.
 fn parse_kafka_properties(text: &str) -> Result<Vec<(String, Secret)>, ConfigError> {
     let mut properties: Vec<(String, Secret)> = Vec::new();
     for (i, item) in text.split(',').map(str::trim).enumerate() {
@@ -518,24 +607,9 @@ fn parse_kafka_properties(text: &str) -> Result<Vec<(String, Secret)>, ConfigErr
                 i + 1
             )));
         }
-        if let Some((_, why)) = KAFKA_OWNED_PROPERTIES
-            .iter()
-            .find(|(owned, _)| *owned == name)
-        {
+        if let Some(why) = kafka_property_refusal(name) {
             return Err(ConfigError::new(format!(
                 "{} may not set `{name}`: {why}",
-                KAFKA_CONFIG.name
-            )));
-        }
-        if matches!(
-            name,
-            "max.in.flight" | "max.in.flight.requests.per.connection"
-        ) && !value
-            .parse::<u32>()
-            .is_ok_and(|n| (1..=KAFKA_MAX_IN_FLIGHT).contains(&n))
-        {
-            return Err(ConfigError::new(format!(
-                "{}: `{name}` must be 1 to {KAFKA_MAX_IN_FLIGHT}, which an idempotent producer keeps in order",
                 KAFKA_CONFIG.name
             )));
         }
@@ -647,6 +721,7 @@ impl Config {
                 response_keys: parse_response_keys(
                     env.text(&RESPONSE_KEYS).as_deref().unwrap_or(""),
                 )?,
+                refuse_clear_records: env.choice(&RESPONSE_CLEAR)? == "refuse",
             },
             relay_in_serve: env.switch(&RELAY)?,
             outbox: OutboxConfig {
@@ -1072,6 +1147,31 @@ mod tests {
                 "max.in.flight.requests.per.connection=6",
                 "`max.in.flight.requests.per.connection`",
             ),
+            ("max.in.flight=1", "`max.in.flight`"),
+            // librdkafka's aliases and topic-level side doors.
+            (
+                "topic.message.timeout.ms=600000",
+                "`topic.message.timeout.ms`",
+            ),
+            ("topic.acks=1", "`topic.acks`"),
+            (
+                "topic.request.required.acks=1",
+                "`topic.request.required.acks`",
+            ),
+            ("partitioner=random", "`partitioner`"),
+            ("topic.partitioner=random", "`topic.partitioner`"),
+            ("retries=0", "`retries`"),
+            ("message.send.max.retries=0", "`message.send.max.retries`"),
+            ("request.timeout.ms=1", "`request.timeout.ms`"),
+            ("socket.timeout.ms=1", "`socket.timeout.ms`"),
+            (
+                "queue.buffering.backpressure.threshold=1",
+                "`queue.buffering.backpressure.threshold`",
+            ),
+            (
+                "enable.gapless.guarantee=false",
+                "`enable.gapless.guarantee`",
+            ),
             ("linger.ms=1,linger.ms=2", "`linger.ms` is set twice"),
             ("sasl.password", "item 1"),
             ("Sasl.Password=secret-value", "item 1"),
@@ -1081,7 +1181,14 @@ mod tests {
             assert!(err.contains(named), "{bad}: {err}");
             assert!(!err.contains("secret-value"), "{err}");
         }
-        assert!(with("max.in.flight=1").is_ok());
+        for fine in [
+            "ssl.ca.location=/etc/ssl/ca.pem,ssl.endpoint.identification.algorithm=https",
+            "sasl.mechanism=SCRAM-SHA-512,sasl.username=u,sasl.password=p",
+            "compression.type=zstd,batch.size=100000,queue.buffering.max.ms=2",
+            "client.id=orders-eu,client.rack=eu-1a,debug=broker",
+        ] {
+            assert!(with(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

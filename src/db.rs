@@ -259,6 +259,69 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
     Ok(Db::new(pool, pooled, config.db_statement_timeout))
 }
 
+/// What a `LISTEN` heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// A notification on the channel.
+    Notified,
+    /// The session was (re)established or lost: notifications in between may have been
+    /// missed, so whatever they would have said must be looked up.
+    MayHaveMissed,
+}
+
+/// Keeps a `LISTEN` on `channel` (a session of its own, on `listen_on`) and calls
+/// `heard` for every notification, and with [`Heard::MayHaveMissed`] whenever the
+/// session is (re)established or lost; reconnects with a backoff until `shutdown`.
+pub async fn listen(
+    listen_on: PgConnectOptions,
+    channel: &str,
+    mut heard: impl FnMut(Heard),
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let connected = async {
+            // A one-connection pool of its own, on the direct (session) connection.
+            let session = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(listen_on.clone());
+            let mut listener = sqlx::postgres::PgListener::connect_with(&session).await?;
+            listener.listen(channel).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connected.await {
+            Ok(mut listener) => {
+                pause = Duration::from_millis(100);
+                heard(Heard::MayHaveMissed);
+                loop {
+                    tokio::select! {
+                        received = listener.try_recv() => match received {
+                            Ok(Some(_)) => heard(Heard::Notified),
+                            // The connection was lost (sqlx reconnects on the next call).
+                            Ok(None) => {
+                                tracing::warn!(channel, "listener connection lost; reconnecting");
+                                heard(Heard::MayHaveMissed);
+                            }
+                            Err(e) => {
+                                tracing::warn!(channel, error = %e, "listener failed; retrying");
+                                heard(Heard::MayHaveMissed);
+                                break;
+                            }
+                        },
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(channel, error = %e, "cannot LISTEN; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
 /// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` needs).
 pub fn direct_options(config: &Config) -> anyhow::Result<PgConnectOptions> {
     connect_options(&config.database_direct_url)

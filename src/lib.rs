@@ -19,6 +19,8 @@ pub mod cli;
 pub mod config;
 /// The connection pool and embedded migrations.
 pub mod db;
+/// Tenants being erased: the mark in the database and what every process knows of it.
+pub mod erasure;
 /// The idempotency core: claim, lease, takeover, fenced completion, replay; stored
 /// responses sealed at rest.
 pub mod idempotency;

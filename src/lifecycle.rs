@@ -1,6 +1,6 @@
 //! A tenant's data as a whole, for the operator commands `orderd tenant export` and
 //! `orderd tenant erase`: its orders written out as the API shows them, and
-//! everything it left in the three tables deleted.
+//! everything it left in the three tables deleted, for good (see [`erase`]).
 //!
 //! Both walk the tables on the indexes the tenant leads, a bounded page or batch at a
 //! time, each its own short statement: memory stays the same whatever the tenant's
@@ -9,13 +9,17 @@
 //! is what loads the database (its WAL), where reading is not. The SQL belongs to each table's owner; this
 //! module only puts it in order.
 
-use std::{io::Write, num::NonZeroU32, time::Instant};
+use std::{
+    io::Write,
+    num::NonZeroU32,
+    time::{Duration, Instant},
+};
 
-use governor::{Quota, RateLimiter};
+use chrono::{DateTime, Utc};
 
 use crate::{
     db::Db,
-    idempotency,
+    erasure, idempotency,
     orders::{self, store::PageAfter},
     outbox,
     service::view::{self, OrderView},
@@ -69,6 +73,11 @@ pub struct Erased {
     pub events: u64,
     pub records: u64,
     pub orders: u64,
+    /// Walks over the three tables it took to find none left (more than one when rows
+    /// were written or held while it ran).
+    pub passes: u32,
+    /// From the first deleting statement to the last: what the pace applies to.
+    pub deleting_seconds: f64,
     pub seconds: f64,
 }
 
@@ -77,68 +86,231 @@ impl Erased {
         self.events + self.records + self.orders
     }
 
-    /// The count of the `n`th table in the order of erasure.
-    fn of_table(&mut self, n: usize) -> &mut u64 {
-        match n {
-            0 => &mut self.events,
-            1 => &mut self.records,
-            _ => &mut self.orders,
+    fn of(&mut self, table: Table) -> &mut u64 {
+        match table {
+            Table::Records => &mut self.records,
+            Table::Orders => &mut self.orders,
         }
     }
 }
 
-/// Deletes everything of `tenant` in `batch`-row statements, at most `rows_per_sec`
-/// rows a second (`None`: as fast as the database goes): its events first (so that
-/// none still pending is published while the rest goes), then its idempotency records
-/// (so that no stored answer outlives its order), then its orders. Publishes nothing.
-/// Killed midway, it has deleted whole batches only; run it again to finish.
+/// The tables erased after the events, in that order (no stored answer outlives its
+/// order); each table's owner says how to delete a batch of a tenant's rows.
+#[derive(Clone, Copy)]
+enum Table {
+    Records,
+    Orders,
+}
+
+impl Table {
+    fn erase_batch(self) -> &'static str {
+        match self {
+            Table::Records => idempotency::store::ERASE_TENANT_BATCH,
+            Table::Orders => orders::store::ERASE_TENANT_BATCH,
+        }
+    }
+}
+
+/// How an erasure goes.
+#[derive(Debug, Clone)]
+pub struct ErasePlan {
+    /// Rows per statement.
+    pub batch: u32,
+    /// Rows deleted per second at most (`None`: as fast as the database goes).
+    pub rows_per_sec: Option<NonZeroU32>,
+    /// Who asked, kept with the mark.
+    pub actor: String,
+    /// The longest claim a relay holds on an event (`outbox::relay::claim_lease`): how
+    /// long after an event is deleted a relay may still publish it.
+    pub relay_lease: Duration,
+}
+
+/// Walks over the tables that find rows still left before an erasure gives up: rows
+/// keep appearing only if something ignores the mark, which is a bug to report, not to
+/// wait out forever.
+const MAX_PASSES: u32 = 20;
+
+/// Erases everything of `tenant`, so that it is final:
+///
+/// 1. marks the tenant as being erased (`crate::erasure`): from then on every process
+///    refuses its writes, and the database refuses to claim or complete one;
+/// 2. waits for the transactions that were running when the mark committed, so that no
+///    write that began before it can commit after the deletion passed it;
+/// 3. deletes its events, idempotency records and orders in `plan.batch`-row statements,
+///    at `plan.rows_per_sec` at most, and walks the three tables again until a count
+///    finds no row of the tenant in any of them;
+/// 4. waits until no relay can still be publishing an event it deleted (their claims'
+///    leases, on the database's clock);
+/// 5. ends the mark.
+///
+/// Killed at any point, it has deleted whole batches only and the mark stands (the
+/// tenant stays refused): run it again and it resumes. Publishes nothing.
 pub async fn erase(
     db: &Db,
     tenant: TenantId,
-    batch: u32,
-    rows_per_sec: Option<NonZeroU32>,
+    plan: &ErasePlan,
     mut progress: impl FnMut(&Erased),
 ) -> anyhow::Result<Erased> {
-    let batch =
-        NonZeroU32::new(batch).ok_or_else(|| anyhow::anyhow!("the batch must be at least 1"))?;
-    // A batch's worth of permits before each statement: governor's token bucket, one
-    // batch deep, paces the statements evenly instead of in bursts.
-    let pace = rows_per_sec
-        .map(|rate| RateLimiter::direct(Quota::per_second(rate.max(batch)).allow_burst(batch)));
-    let pace = async || {
-        if let Some(limiter) = &pace {
-            let _ = limiter.until_n_ready(batch).await;
+    let started = Instant::now();
+    db.run(async |c| erasure::mark(c, tenant, &plan.actor).await)
+        .await?;
+    wait_for_running_transactions(db).await?;
+    let deleting = Instant::now();
+    let rate = plan.rows_per_sec.map(|r| f64::from(r.get()));
+    // A batch larger than a second's worth would make the first second run ahead of
+    // the rate asked.
+    let batch = match plan.rows_per_sec {
+        Some(rate) => plan.batch.min(rate.get()),
+        None => plan.batch,
+    };
+    let batch = i64::from(batch.max(1));
+    let lease_ms = plan.relay_lease.as_millis() as i64;
+    let mut erased = Erased::default();
+    let mut published_until: Option<DateTime<Utc>> = None;
+    // The pace: after each statement, with n rows deleted so far, wait until n / rate
+    // seconds have passed since the first, so the rows per second done are never more
+    // than asked, whatever the batch.
+    let pace = async |deleted: u64| {
+        if let Some(rate) = rate {
+            let due = deleting + Duration::from_secs_f64(deleted as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
         }
     };
-    let batch = i64::from(batch.get());
-    let started = Instant::now();
-    let mut erased = Erased::default();
-    // Each table's owner says how to delete a batch of a tenant's rows.
-    let tables = [
-        outbox::store::ERASE_TENANT_BATCH,
-        idempotency::store::ERASE_TENANT_BATCH,
-        orders::store::ERASE_TENANT_BATCH,
-    ];
-    for (table, sql) in tables.into_iter().enumerate() {
+    loop {
+        erased.passes += 1;
         loop {
-            pace().await;
-            let n = db
+            let (n, until): (i64, Option<DateTime<Utc>>) = db
                 .run(async |c| {
-                    let done = sqlx::query(sql)
+                    sqlx::query_as(outbox::store::ERASE_TENANT_BATCH)
                         .bind(tenant.0)
                         .bind(batch)
-                        .execute(c)
-                        .await?;
-                    Ok(done.rows_affected())
+                        .bind(lease_ms)
+                        .fetch_one(c)
+                        .await
                 })
                 .await?;
-            *erased.of_table(table) += n;
-            if n == 0 {
+            erased.events += n as u64;
+            published_until = published_until.max(until);
+            pace(erased.rows()).await;
+            progress(&erased);
+            if n < batch {
                 break;
             }
-            progress(&erased);
+        }
+        for table in [Table::Records, Table::Orders] {
+            loop {
+                let n = db
+                    .run(async |c| {
+                        let done = sqlx::query(table.erase_batch())
+                            .bind(tenant.0)
+                            .bind(batch)
+                            .execute(c)
+                            .await?;
+                        Ok(done.rows_affected())
+                    })
+                    .await?;
+                *erased.of(table) += n;
+                pace(erased.rows()).await;
+                if n < batch as u64 {
+                    break;
+                }
+            }
+        }
+        progress(&erased);
+        let left = rows_left(db, tenant).await?;
+        if left == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            erased.passes < MAX_PASSES,
+            "{left} rows of tenant {tenant} are still there after {MAX_PASSES} passes; the tenant stays refused"
+        );
+        tracing::info!(tenant = %tenant, left, "rows written or held during the pass; another pass");
+    }
+    erased.deleting_seconds = deleting.elapsed().as_secs_f64();
+    if let Some(until) = published_until {
+        let wait: f64 = db
+            .run(async |c| {
+                sqlx::query_scalar(
+                    "SELECT greatest(0, extract(epoch FROM $1 - clock_timestamp()))::float8",
+                )
+                .bind(until)
+                .fetch_one(c)
+                .await
+            })
+            .await?;
+        if wait > 0.0 {
+            tracing::info!(
+                seconds = wait,
+                "waiting out the relays' claims on deleted events"
+            );
+            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
         }
     }
+    anyhow::ensure!(
+        rows_left(db, tenant).await? == 0,
+        "rows of tenant {tenant} appeared after the erasure; the tenant stays refused"
+    );
+    db.run(async |c| erasure::unmark(c, tenant).await).await?;
     erased.seconds = started.elapsed().as_secs_f64();
     Ok(erased)
+}
+
+/// Rows of `tenant` in the three tables, counted on the keys it leads.
+pub async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
+    let mut left = 0;
+    for sql in [
+        outbox::store::COUNT_TENANT,
+        idempotency::store::COUNT_TENANT,
+        orders::store::COUNT_TENANT,
+    ] {
+        left += db
+            .run(async |c| {
+                sqlx::query_scalar::<_, i64>(sql)
+                    .bind(tenant.0)
+                    .fetch_one(c)
+                    .await
+            })
+            .await?;
+    }
+    Ok(left)
+}
+
+/// Waits until every transaction that was running now has ended (the database's own
+/// record of them: `pg_current_snapshot()`), saying so every few seconds.
+async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
+    let snapshot: String = db
+        .run(async |c| {
+            sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+                .fetch_one(c)
+                .await
+        })
+        .await?;
+    let started = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let running: i64 = db
+            .run(async |c| {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_snapshot_xip($1::pg_snapshot) x
+                     WHERE pg_xact_status(x) = 'in progress'",
+                )
+                .bind(&snapshot)
+                .fetch_one(c)
+                .await
+            })
+            .await?;
+        if running == 0 {
+            return Ok(());
+        }
+        if said.elapsed() >= Duration::from_secs(5) {
+            said = Instant::now();
+            tracing::info!(
+                running,
+                waited_secs = started.elapsed().as_secs(),
+                "waiting for transactions that began before the erasure to end"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -2,8 +2,11 @@
 //! in `api::routes` (outermost first):
 //!
 //! - [`access_log`]: the request id, the HTTP metrics and the one log line per request;
+//! - [`limit_uri`]: the length of the request target;
+//! - `auth::Gate`: the token (and the tenant's rate limit) from the head alone; a
+//!   request it refuses is answered without its body being read;
 //! - [`limit_body`]: the URI and body limits and the body's deadline, before any
-//!   handler reads the body;
+//!   handler reads the body, for the routes that take one;
 //! - [`errors_as_problems`]: every error (ours, poem's, poem-openapi's) as problem+json;
 //! - [`panic_response`]: a panicking handler answers a plain 500 problem.
 
@@ -11,7 +14,7 @@ use std::{sync::Arc, time::Instant};
 
 use poem::{
     Body, Endpoint, IntoResponse, Request, Response,
-    http::{HeaderValue, Method, StatusCode, header},
+    http::{HeaderValue, StatusCode, header},
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -109,19 +112,27 @@ pub async fn errors_as_problems<E: Endpoint>(
     })
 }
 
-/// Refuses request targets over [`MAX_URI_BYTES`] (414) and bodies over
-/// [`MAX_BODY_BYTES`], declared or streamed (413), and answers 408 when the body has
-/// not arrived by the request's read deadline; all before any handler runs.
-pub async fn limit_body<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::Result<Response> {
-    let path = req.uri().path().to_string();
-    let conn = req.extensions().get::<Arc<Conn>>().cloned();
+/// Refuses request targets over [`MAX_URI_BYTES`] (414), before anything else looks at
+/// the request.
+pub async fn limit_uri<E: Endpoint>(inner: Arc<E>, req: Request) -> poem::Result<Response> {
     if req.uri().to_string().len() > MAX_URI_BYTES {
         let problem = Problem::new(Kind::UriTooLong).with_detail(format!(
             "request targets are limited to {MAX_URI_BYTES} bytes"
         ));
-        return Ok(closing(problem.to_response(Some(&path))));
+        return Ok(closing(problem.to_response(Some(req.uri().path()))));
     }
+    inner.call(req).await.map(IntoResponse::into_response)
+}
+
+/// Refuses bodies over [`MAX_BODY_BYTES`], declared or streamed (413), and answers 408
+/// when the body has not arrived by the request's read deadline; all before any handler
+/// runs. Only the routes and methods that take a body have it read (after the gate
+/// admitted them); any other body is left unread, never held.
+pub async fn limit_body<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::Result<Response> {
+    let path = req.uri().path().to_string();
+    let conn = req.extensions().get::<Arc<Conn>>().cloned();
     let buffered = match &conn {
+        _ if !Route::of_path(&path).takes_body(req.method()) => Ok(()),
         Some(conn) => tokio::time::timeout_at(conn.request_deadline(), buffer_body(&mut req))
             .await
             .unwrap_or_else(|_| {
@@ -185,9 +196,6 @@ async fn buffer_body(req: &mut Request) -> Result<(), Problem> {
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         drain(req.take_body().into_async_read()).await;
         return Err(too_large());
-    }
-    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
-        return Ok(());
     }
     let mut reader = req.take_body().into_async_read();
     let mut body = Vec::new();

@@ -93,12 +93,13 @@ pub fn routes(
     if with_metrics {
         route = route.at("/metrics", metrics_endpoint());
     }
-    let mcp = mcp::Mcp::new(
-        app.clone(),
-        shared,
-        config.http.mcp_allowed_origins.clone(),
-        public_url.into(),
-    );
+    let mcp = mcp::Mcp::new(app.clone(), shared);
+    let gate = Arc::new(auth::Gate {
+        verifier: shared.verifier.clone(),
+        limiter: shared.limiter.clone(),
+        mcp_origins: Arc::new(config.http.mcp_allowed_origins.clone()),
+        public_url: public_url.into(),
+    });
     route
         .at("/mcp", mcp)
         .at(
@@ -112,11 +113,13 @@ pub fn routes(
         .nest("/", api)
         .data(app)
         .data(Arc::new(health::Readiness::default()))
+        // `/readyz` tells whether the token verifier has keys.
         .data(shared.verifier.clone())
-        .data(shared.limiter.clone())
         .with(CatchPanic::new().with_handler(middleware::panic_response))
         .around(middleware::errors_as_problems)
         .around(middleware::limit_body)
+        .around(move |inner, req| gate.clone().around(inner, req))
+        .around(middleware::limit_uri)
         .around(middleware::access_log)
 }
 

@@ -96,13 +96,15 @@ impl<T: ApiResponse> ApiResponse for Idempotent<T> {
         let mut problems = responses::problems(&[
             (
                 409,
-                "A request with this key is still in flight, or this request lost its lease; retry after `Retry-After` seconds",
+                "A request with this key is still in flight, or this request lost its lease (`idempotency-key-in-flight`), or the tenant's data is being erased (`tenant-erasure-in-progress`); retry after `Retry-After` seconds",
             ),
             (422, "The key was already used with a different request"),
         ]);
         problems[0].headers.push(MetaHeader {
             name: "Retry-After".to_string(),
-            description: Some("Whole seconds to wait before retrying (1 or 2)".into()),
+            description: Some(
+                "Whole seconds to wait before retrying (1 or 2; 5 during an erasure)".into(),
+            ),
             required: true,
             deprecated: false,
             schema: u32::schema_ref(),

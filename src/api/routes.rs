@@ -57,6 +57,22 @@ impl Route {
         }
     }
 
+    /// Whether the route answers only callers with a valid token: decided from the
+    /// request head, before any of its body is read (`api::auth::Gate`).
+    pub fn needs_token(self) -> bool {
+        matches!(
+            self,
+            Route::Orders | Route::Order | Route::CancelOrder | Route::Mcp
+        )
+    }
+
+    /// Whether a request with `method` on this route has a body worth reading; any
+    /// other body is never read into memory.
+    pub fn takes_body(self, method: &http::Method) -> bool {
+        *method == http::Method::POST
+            && matches!(self, Route::Orders | Route::CancelOrder | Route::Mcp)
+    }
+
     /// The transport the route belongs to, for the request log line.
     pub fn transport(self) -> &'static str {
         if self == Route::Mcp { "mcp" } else { "rest" }
@@ -83,6 +99,23 @@ mod tests {
         );
         assert_eq!(Route::of_path("/wp-admin/install.php"), Route::Unmatched);
         assert_eq!(Route::of_path("/unmatched"), Route::Unmatched);
+    }
+
+    #[test]
+    fn only_the_tenant_routes_need_a_token_and_only_their_writes_have_bodies() {
+        let needing: Vec<Route> = Route::ALL
+            .iter()
+            .copied()
+            .filter(|r| r.needs_token())
+            .collect();
+        assert_eq!(
+            needing,
+            [Route::Orders, Route::Order, Route::CancelOrder, Route::Mcp]
+        );
+        assert!(Route::Orders.takes_body(&http::Method::POST));
+        assert!(!Route::Orders.takes_body(&http::Method::GET));
+        assert!(!Route::Healthz.takes_body(&http::Method::POST));
+        assert!(!Route::Order.takes_body(&http::Method::POST));
     }
 
     #[test]

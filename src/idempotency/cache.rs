@@ -162,6 +162,13 @@ impl ReplayCache {
     }
 
     /// Bytes held now, by the weigher's account (pending maintenance run first).
+    /// Forgets every entry.
+    pub fn clear(&self) {
+        if let Some(entries) = &self.entries {
+            entries.invalidate_all();
+        }
+    }
+
     pub fn weighted_size(&self) -> u64 {
         self.entries.as_ref().map_or(0, |entries| {
             entries.run_pending_tasks();

@@ -96,6 +96,7 @@ mod tests {
                     resource: None,
                 },
                 sealed_with: None,
+                seal_version: None,
             },
             read_at: at(),
         }

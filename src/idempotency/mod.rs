@@ -33,7 +33,7 @@ use uuid::Uuid;
 use self::{
     cache::{Lookup, ReplayCache},
     decide::{Step, decide, retry_after},
-    seal::{Binding, SealError, Sealer},
+    seal::{ClearRecords, SealError, Sealer},
     store::ClaimOrRead,
 };
 pub use self::{
@@ -97,6 +97,9 @@ pub enum GuardError<E> {
     /// belong to this record): never answered with anything but an error.
     #[error("{0}")]
     Sealed(SealError),
+    /// The scope's tenant is being erased: nothing is claimed or completed for it.
+    #[error("the tenant is being erased")]
+    TenantErasing,
 }
 
 /// A response that went through the guard.
@@ -144,13 +147,25 @@ enum Claim {
 impl Guard {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
         let cache = ReplayCache::new(config.replay_cache_bytes);
-        let sealer = Arc::new(Sealer::new(&config.response_keys));
+        let clear = if config.refuse_clear_records {
+            ClearRecords::Refuse
+        } else {
+            ClearRecords::Serve
+        };
+        let sealer = Arc::new(Sealer::new(&config.response_keys, clear));
         Self {
             db,
             config,
             cache,
             sealer,
         }
+    }
+
+    /// Drops every response the replay cache holds, so that the next retry of any key
+    /// reads the database: after a tenant's erasure began (or may have been missed),
+    /// none of its answers may be replayed from memory.
+    pub fn forget_cached_replays(&self) {
+        self.cache.clear();
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -302,6 +317,7 @@ impl Guard {
                         });
                     }
                     ClaimOrRead::Existing(record) => Some(record),
+                    ClaimOrRead::TenantErasing => return Err(GuardError::TenantErasing),
                     // Claimed by a request that committed after our snapshot: there
                     // is a row now, so read it.
                     ClaimOrRead::Unseen => {
@@ -322,11 +338,13 @@ impl Guard {
                         mut response,
                         expires_at,
                         sealed_with,
+                        seal_version,
                     } = record.state
                     else {
                         unreachable!("decide replays completed records only")
                     };
-                    response.body = self.open(scope, response.body, sealed_with.as_deref())?;
+                    response.body =
+                        self.open(scope, &response, sealed_with.as_deref(), seal_version)?;
                     let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
                     self.cache
                         .remember(scope, *fingerprint, &response, sent, remaining);
@@ -463,11 +481,17 @@ impl Guard {
     fn open<E>(
         &self,
         scope: &Scope,
-        stored: Vec<u8>,
+        response: &StoredResponse,
         sealed_with: Option<&str>,
+        seal_version: Option<i16>,
     ) -> Result<Vec<u8>, GuardError<E>> {
         self.sealer
-            .open(Binding::from(scope), stored, sealed_with)
+            .open(
+                store::binding(scope, response),
+                response.body.clone(),
+                sealed_with,
+                seal_version,
+            )
             .map_err(|e| {
                 tracing::error!(
                     endpoint = %scope.endpoint,
@@ -500,7 +524,12 @@ fn observe<E>(
         Ok((_, outcome)) => Some(*outcome),
         Err(GuardError::KeyReused) => Some(Outcome::PayloadConflict),
         Err(GuardError::InFlight { .. } | GuardError::LeaseLost { .. }) => Some(Outcome::InFlight),
-        Err(GuardError::Operation(_) | GuardError::Db(_) | GuardError::Sealed(_)) => None,
+        Err(
+            GuardError::Operation(_)
+            | GuardError::Db(_)
+            | GuardError::Sealed(_)
+            | GuardError::TenantErasing,
+        ) => None,
     };
     if let Some(outcome) = outcome {
         metrics::idempotency_outcome(scope.endpoint, outcome);

@@ -41,5 +41,7 @@ pub enum State {
         expires_at: DateTime<Utc>,
         response: StoredResponse,
         sealed_with: Option<String>,
+        /// The layout of associated data it is sealed with (see `seal`).
+        seal_version: Option<i16>,
     },
 }

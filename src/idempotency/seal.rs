@@ -3,36 +3,69 @@
 //! `ORDERD_RESPONSE_KEYS`, opened under any of them.
 //!
 //! A sealed body is the random 96-bit nonce followed by the ciphertext and its tag;
-//! the key's id is stored beside it (`idempotency_record.response_key_id`). The
-//! record's `(tenant, endpoint, key)` is the associated data, so a sealed body copied
-//! into another record does not open: it answers an error, never the other record's
-//! response. Without keys, bodies are stored as they are, and a sealed body found then
-//! is an error as well.
+//! the key's id is stored beside it (`idempotency_record.response_key_id`), and so is
+//! the layout of the associated data it was sealed with (`response_seal_version`).
+//! The associated data binds the body to the whole stored answer: the record's
+//! `(tenant, endpoint, key)` and everything a replay sends or reconciliation reads
+//! beside the body (status, `Location`, content type, resource id). So a sealed body
+//! copied into another record, or a record whose status or location was changed in the
+//! table, does not open: it answers an error, never a changed answer.
+//!
+//! Versions: 1 bound the scope alone (the first sealing release); 2 binds the whole
+//! answer and is what this release seals with. Both open, so records sealed before
+//! stay readable; `orderd keys rewrap` upgrades them. A version this release does not
+//! know (a newer release's, during a rolling deploy) is an error, never a guess.
+//!
+//! A body stored in clear (no key id) is served as it is unless the operator refuses
+//! clear records ([`ClearRecords::Refuse`], once a rewrap has sealed them all): then a
+//! clear body, which anybody who can write the table could have put there, is an
+//! error too.
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, NONCE_LEN, Nonce, RandomizedNonceKey};
 use uuid::Uuid;
 
 use crate::config::ResponseKey;
 
-/// The record a body belongs to, which it is sealed to: `(tenant, endpoint, key)`.
+/// The layout of associated data new records are sealed with.
+pub const SEAL_VERSION: i16 = 2;
+
+/// What a body is sealed to: its record, and the rest of the answer stored with it.
 #[derive(Debug, Clone, Copy)]
 pub struct Binding<'a> {
     pub tenant: Uuid,
     pub endpoint: &'a str,
     pub key: &'a str,
+    pub status: u16,
+    pub location: Option<&'a str>,
+    pub content_type: Option<&'a str>,
+    pub resource: Option<Uuid>,
+}
+
+/// What to do with a body stored in clear while keys are configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClearRecords {
+    /// Serve it (the default: turning keys on needs no downtime, and records stored
+    /// before stay readable until a rewrap seals them).
+    Serve,
+    /// Refuse it: once every record is sealed, a clear body can only have been put
+    /// there by whoever wrote the table.
+    Refuse,
 }
 
 /// Seals and opens stored responses with the configured keys.
 pub struct Sealer {
     /// In configuration order: the first seals, every one opens.
     keys: Vec<(String, RandomizedNonceKey)>,
+    clear: ClearRecords,
 }
 
-/// A body as it is stored: sealed under `key_id`, or as it is when that is `None`.
+/// A body as it is stored: sealed under `key_id` with the associated data of
+/// `version`, or as it is when those are `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sealed {
     pub bytes: Vec<u8>,
     pub key_id: Option<String>,
+    pub version: Option<i16>,
 }
 
 /// Why a stored body cannot be opened.
@@ -41,10 +74,17 @@ pub enum SealError {
     /// Sealed under a key this process does not have.
     #[error("the stored response is sealed under key `{0}`, which is not configured")]
     UnknownKey(String),
-    /// The key is there, but the body does not open under this record's scope: it was
-    /// altered, or copied from another record.
+    /// The key is there, but the body does not open for this record's answer: it was
+    /// altered, copied from another record, or a part of its answer was changed.
     #[error("the stored response does not open under key `{0}` for this record")]
     Tampered(String),
+    /// Sealed with a layout of associated data this release does not know (a newer
+    /// release's).
+    #[error("the stored response is sealed with layout {0}, which this release does not know")]
+    Version(i16),
+    /// Stored in clear while clear records are refused.
+    #[error("the stored response is in clear, and clear records are refused")]
+    Clear,
     /// The cipher refused to seal (nothing a well-formed body can cause).
     #[error("the response could not be sealed")]
     Seal,
@@ -52,11 +92,14 @@ pub enum SealError {
 
 impl Sealer {
     /// No keys: bodies are stored as they are.
-    pub const PLAIN: Sealer = Sealer { keys: Vec::new() };
+    pub const PLAIN: Sealer = Sealer {
+        keys: Vec::new(),
+        clear: ClearRecords::Serve,
+    };
 
     /// The configured keys; they were checked (32 bytes, distinct ids) when the
-    /// configuration was read.
-    pub fn new(keys: &[ResponseKey]) -> Self {
+    /// configuration was read. Without keys, clear bodies are always served.
+    pub fn new(keys: &[ResponseKey], clear: ClearRecords) -> Self {
         Self {
             keys: keys
                 .iter()
@@ -66,6 +109,7 @@ impl Sealer {
                     (k.id.clone(), key)
                 })
                 .collect(),
+            clear,
         }
     }
 
@@ -80,11 +124,13 @@ impl Sealer {
             return Ok(Sealed {
                 bytes: body.to_vec(),
                 key_id: None,
+                version: None,
             });
         };
         let mut in_out = body.to_vec();
+        let aad = associated_data(to, SEAL_VERSION)?;
         let nonce = key
-            .seal_in_place_append_tag(Aad::from(associated_data(to)), &mut in_out)
+            .seal_in_place_append_tag(Aad::from(aad), &mut in_out)
             .map_err(|_| SealError::Seal)?;
         let mut bytes = Vec::with_capacity(NONCE_LEN + in_out.len());
         bytes.extend_from_slice(nonce.as_ref());
@@ -92,22 +138,29 @@ impl Sealer {
         Ok(Sealed {
             bytes,
             key_id: Some(id.clone()),
+            version: Some(SEAL_VERSION),
         })
     }
 
-    /// The body the record `of` stored as `stored` under `key_id`.
+    /// The body the record `of` stored as `stored`, sealed under `key_id` with the
+    /// layout `version` (`None`: the first one).
     pub fn open(
         &self,
         of: Binding<'_>,
         stored: Vec<u8>,
         key_id: Option<&str>,
+        version: Option<i16>,
     ) -> Result<Vec<u8>, SealError> {
         let Some(id) = key_id else {
+            if self.clear == ClearRecords::Refuse && !self.keys.is_empty() {
+                return Err(SealError::Clear);
+            }
             return Ok(stored);
         };
         let Some((_, key)) = self.keys.iter().find(|(k, _)| k == id) else {
             return Err(SealError::UnknownKey(id.to_string()));
         };
+        let aad = associated_data(of, version.unwrap_or(1))?;
         let tampered = || SealError::Tampered(id.to_string());
         if stored.len() < NONCE_LEN {
             return Err(tampered());
@@ -116,7 +169,7 @@ impl Sealer {
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| tampered())?;
         let mut in_out = sealed.to_vec();
         let opened = key
-            .open_in_place(nonce, Aad::from(associated_data(of)), &mut in_out)
+            .open_in_place(nonce, Aad::from(aad), &mut in_out)
             .map_err(|_| tampered())?
             .len();
         in_out.truncate(opened);
@@ -124,19 +177,50 @@ impl Sealer {
     }
 }
 
-/// What binds a sealed body to its record: the tenant, the endpoint and the key, each
-/// length-prefixed so that no two scopes share a byte string.
-fn associated_data(record: Binding<'_>) -> Vec<u8> {
-    let endpoint = record.endpoint.as_bytes();
-    let key = record.key.as_bytes();
-    let mut aad = Vec::with_capacity(32 + 16 + 4 + endpoint.len() + key.len());
-    aad.extend_from_slice(b"orderd idempotency_record v1\0");
+/// What binds a sealed body, in the layout `version`. Every variable part is
+/// length-prefixed (or marked present or absent) so that no two answers share a byte
+/// string. Version 1: the tenant, the endpoint and the key. Version 2: those, then the
+/// status, the location, the content type and the resource id.
+fn associated_data(record: Binding<'_>, version: i16) -> Result<Vec<u8>, SealError> {
+    let text = |aad: &mut Vec<u8>, part: &str| {
+        aad.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        aad.extend_from_slice(part.as_bytes());
+    };
+    let mut aad = Vec::with_capacity(160);
+    match version {
+        1 => aad.extend_from_slice(b"orderd idempotency_record v1\0"),
+        2 => aad.extend_from_slice(b"orderd idempotency_record v2\0"),
+        other => return Err(SealError::Version(other)),
+    }
     aad.extend_from_slice(record.tenant.as_bytes());
-    aad.extend_from_slice(&(endpoint.len() as u16).to_be_bytes());
-    aad.extend_from_slice(endpoint);
-    aad.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    aad.extend_from_slice(key);
-    aad
+    if version == 1 {
+        // As the first release wrote it: two-byte lengths.
+        for part in [record.endpoint, record.key] {
+            aad.extend_from_slice(&(part.len() as u16).to_be_bytes());
+            aad.extend_from_slice(part.as_bytes());
+        }
+        return Ok(aad);
+    }
+    text(&mut aad, record.endpoint);
+    text(&mut aad, record.key);
+    aad.extend_from_slice(&record.status.to_be_bytes());
+    for part in [record.location, record.content_type] {
+        match part {
+            Some(part) => {
+                aad.push(1);
+                text(&mut aad, part);
+            }
+            None => aad.push(0),
+        }
+    }
+    match record.resource {
+        Some(id) => {
+            aad.push(1);
+            aad.extend_from_slice(id.as_bytes());
+        }
+        None => aad.push(0),
+    }
+    Ok(aad)
 }
 
 #[cfg(test)]
@@ -148,7 +232,7 @@ mod tests {
             .iter()
             .map(|(id, byte)| ResponseKey::new(id, [*byte; 32]))
             .collect();
-        Sealer::new(&config)
+        Sealer::new(&config, ClearRecords::Serve)
     }
 
     fn record(key: &str) -> Binding<'_> {
@@ -156,6 +240,10 @@ mod tests {
             tenant: Uuid::from_u128(7),
             endpoint: "POST /v1/orders",
             key,
+            status: 201,
+            location: Some("/v1/orders/0192f0e4-7c1a-7cc0-8f5e-1d2b3c4d5e6f"),
+            content_type: Some("application/json"),
+            resource: Some(Uuid::from_u128(9)),
         }
     }
 
@@ -165,24 +253,95 @@ mod tests {
         let body = br#"{"customer_ref":"alice@example.com"}"#;
         let sealed = sealer.seal(record("key-aaaaaaaaaaaaaaaa"), body).unwrap();
         assert_eq!(sealed.key_id.as_deref(), Some("k1"));
+        assert_eq!(sealed.version, Some(SEAL_VERSION));
         assert!(!sealed.bytes.windows(5).any(|w| w == b"alice"));
-        let opened = sealer.open(
-            record("key-aaaaaaaaaaaaaaaa"),
-            sealed.bytes.clone(),
-            Some("k1"),
+        let open = |binding, bytes: &Vec<u8>| {
+            sealer.open(binding, bytes.clone(), Some("k1"), Some(SEAL_VERSION))
+        };
+        assert_eq!(
+            open(record("key-aaaaaaaaaaaaaaaa"), &sealed.bytes).unwrap(),
+            body
         );
-        assert_eq!(opened.unwrap(), body);
         // The same bytes in another record, or altered, do not open.
-        let moved = sealer.open(
-            record("key-bbbbbbbbbbbbbbbb"),
-            sealed.bytes.clone(),
-            Some("k1"),
-        );
+        let moved = open(record("key-bbbbbbbbbbbbbbbb"), &sealed.bytes);
         assert_eq!(moved, Err(SealError::Tampered("k1".into())));
         let mut flipped = sealed.bytes.clone();
         flipped[20] ^= 1;
-        let altered = sealer.open(record("key-aaaaaaaaaaaaaaaa"), flipped, Some("k1"));
+        let altered = open(record("key-aaaaaaaaaaaaaaaa"), &flipped);
         assert_eq!(altered, Err(SealError::Tampered("k1".into())));
+    }
+
+    #[test]
+    fn a_changed_status_location_content_type_or_resource_does_not_open() {
+        let sealer = keys(&[("k1", 1)]);
+        let sealed = sealer.seal(record("key-aaaaaaaaaaaaaaaa"), b"{}").unwrap();
+        let base = record("key-aaaaaaaaaaaaaaaa");
+        let changed = [
+            Binding {
+                status: 200,
+                ..base
+            },
+            Binding {
+                location: Some("/v1/orders/00000000-0000-0000-0000-000000000001"),
+                ..base
+            },
+            Binding {
+                location: None,
+                ..base
+            },
+            Binding {
+                content_type: Some("text/html"),
+                ..base
+            },
+            Binding {
+                resource: Some(Uuid::from_u128(10)),
+                ..base
+            },
+            Binding {
+                resource: None,
+                ..base
+            },
+        ];
+        for binding in changed {
+            let opened = sealer.open(binding, sealed.bytes.clone(), Some("k1"), Some(2));
+            assert_eq!(opened, Err(SealError::Tampered("k1".into())), "{binding:?}");
+        }
+        // Read as if sealed with the first layout, it does not open either.
+        let as_v1 = sealer.open(base, sealed.bytes.clone(), Some("k1"), None);
+        assert_eq!(as_v1, Err(SealError::Tampered("k1".into())));
+    }
+
+    #[test]
+    fn records_sealed_with_the_first_layout_still_open_and_an_unknown_layout_is_named() {
+        let sealer = keys(&[("k1", 1)]);
+        let (_, key) = &sealer.keys[0];
+        let base = record("key-aaaaaaaaaaaaaaaa");
+        let mut in_out = b"old".to_vec();
+        let nonce = key
+            .seal_in_place_append_tag(Aad::from(associated_data(base, 1).unwrap()), &mut in_out)
+            .unwrap();
+        let stored = [nonce.as_ref(), in_out.as_slice()].concat();
+        // Version 1 binds the scope alone: any status reads it (a rewrap then binds all).
+        let other = Binding {
+            status: 404,
+            ..base
+        };
+        assert_eq!(
+            sealer
+                .open(other, stored.clone(), Some("k1"), None)
+                .unwrap(),
+            b"old"
+        );
+        assert_eq!(
+            sealer
+                .open(base, stored.clone(), Some("k1"), Some(1))
+                .unwrap(),
+            b"old"
+        );
+        assert_eq!(
+            sealer.open(base, stored, Some("k1"), Some(3)),
+            Err(SealError::Version(3))
+        );
     }
 
     #[test]
@@ -208,10 +367,16 @@ mod tests {
             record("key-aaaaaaaaaaaaaaaa"),
             under_k1.bytes.clone(),
             Some("k1"),
+            Some(2),
         );
         assert_eq!(opened.unwrap(), b"body");
         let without = keys(&[("k2", 2)]);
-        let lost = without.open(record("key-aaaaaaaaaaaaaaaa"), under_k1.bytes, Some("k1"));
+        let lost = without.open(
+            record("key-aaaaaaaaaaaaaaaa"),
+            under_k1.bytes,
+            Some("k1"),
+            Some(2),
+        );
         assert_eq!(lost, Err(SealError::UnknownKey("k1".into())));
     }
 
@@ -223,12 +388,44 @@ mod tests {
             stored,
             Sealed {
                 bytes: b"body".to_vec(),
-                key_id: None
+                key_id: None,
+                version: None,
             }
         );
-        let opened = plain.open(record("key-aaaaaaaaaaaaaaaa"), b"body".to_vec(), None);
+        let opened = plain.open(record("key-aaaaaaaaaaaaaaaa"), b"body".to_vec(), None, None);
         assert_eq!(opened.unwrap(), b"body");
-        let sealed = plain.open(record("key-aaaaaaaaaaaaaaaa"), vec![0; 40], Some("k1"));
+        let sealed = plain.open(
+            record("key-aaaaaaaaaaaaaaaa"),
+            vec![0; 40],
+            Some("k1"),
+            Some(2),
+        );
         assert_eq!(sealed, Err(SealError::UnknownKey("k1".into())));
+    }
+
+    #[test]
+    fn clear_bodies_are_served_unless_refused() {
+        let config = [ResponseKey::new("k1", [1; 32])];
+        let serving = Sealer::new(&config, ClearRecords::Serve);
+        let refusing = Sealer::new(&config, ClearRecords::Refuse);
+        let binding = record("key-aaaaaaaaaaaaaaaa");
+        assert_eq!(
+            serving
+                .open(binding, b"clear".to_vec(), None, None)
+                .unwrap(),
+            b"clear"
+        );
+        assert_eq!(
+            refusing.open(binding, b"clear".to_vec(), None, None),
+            Err(SealError::Clear)
+        );
+        // Without keys there is nothing to refuse with: clear is how records are kept.
+        let keyless = Sealer::new(&[], ClearRecords::Refuse);
+        assert_eq!(
+            keyless
+                .open(binding, b"clear".to_vec(), None, None)
+                .unwrap(),
+            b"clear"
+        );
     }
 }

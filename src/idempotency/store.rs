@@ -38,14 +38,16 @@ pub struct Scope {
     pub key: IdempotencyKey,
 }
 
-/// A record is sealed to its scope.
-impl<'a> From<&'a Scope> for Binding<'a> {
-    fn from(scope: &'a Scope) -> Self {
-        Self {
-            tenant: scope.tenant.0,
-            endpoint: scope.endpoint,
-            key: scope.key.as_str(),
-        }
+/// A stored body is sealed to its record's scope and to the rest of its answer.
+pub fn binding<'a>(scope: &'a Scope, response: &'a StoredResponse) -> Binding<'a> {
+    Binding {
+        tenant: scope.tenant.0,
+        endpoint: scope.endpoint,
+        key: scope.key.as_str(),
+        status: response.status,
+        location: response.location.as_deref(),
+        content_type: response.content_type.as_deref(),
+        resource: response.resource,
     }
 }
 
@@ -77,35 +79,47 @@ impl std::fmt::Debug for Fence<'_> {
 
 /// Claim or read, in one statement: `INSERT ... ON CONFLICT DO NOTHING` (the one
 /// atomic decision of who owns a new key), and when the key exists, its record as of
-/// the statement's snapshot. So a new key costs one round trip and a replay the cache
+/// the statement's snapshot; neither while the tenant is being erased (one row,
+/// `erasing` true, instead: see the `erasure` module). So a new key costs one round trip and a replay the cache
 /// does not hold costs one too. One row, `claimed` true, when this statement claimed
 /// the key (`read_at` is then the claim's time); one row, `claimed` false, with the
 /// existing record; no row when a concurrent request's claim committed after this
 /// statement's snapshot was taken (the caller reads again).
-pub const CLAIM_OR_READ: &str = "WITH claim AS (
+pub const CLAIM_OR_READ: &str = "WITH erasing AS (
+         SELECT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = $1) AS yes
+     ),
+     claim AS (
          INSERT INTO idempotency_record
                 (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
          SELECT $1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp()
-         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, erasing
+         WHERE NOT erasing.yes
          ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
          RETURNING created_at
      )
-     SELECT true AS claimed, NULL::text AS state, NULL::bytea AS fingerprint, NULL::uuid AS owner_token,
-            NULL::timestamptz AS lease_until, NULL::timestamptz AS expires_at, NULL::smallint AS response_status,
-            NULL::text AS response_location, NULL::text AS response_content_type, NULL::bytea AS response_body,
-            NULL::text AS response_key_id, NULL::uuid AS resource_id, created_at AS read_at
+     SELECT true AS claimed, false AS erasing, NULL::text AS state, NULL::bytea AS fingerprint,
+            NULL::uuid AS owner_token, NULL::timestamptz AS lease_until, NULL::timestamptz AS expires_at,
+            NULL::smallint AS response_status, NULL::text AS response_location,
+            NULL::text AS response_content_type, NULL::bytea AS response_body,
+            NULL::text AS response_key_id, NULL::smallint AS response_seal_version,
+            NULL::uuid AS resource_id, created_at AS read_at
      FROM claim
      UNION ALL
-     SELECT false, state, fingerprint, owner_token, lease_until, expires_at, response_status,
-            response_location, response_content_type, response_body, response_key_id, resource_id,
-            clock_timestamp()
+     SELECT false, false, state, fingerprint, owner_token, lease_until, expires_at, response_status,
+            response_location, response_content_type, response_body, response_key_id,
+            response_seal_version, resource_id, clock_timestamp()
      FROM idempotency_record
-     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM claim)";
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM claim)
+       AND NOT (SELECT yes FROM erasing)
+     UNION ALL
+     SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            clock_timestamp()
+     FROM erasing WHERE yes";
 
 /// The record and the database clock, by primary key.
 pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
             response_status, response_location, response_content_type, response_body,
-            response_key_id, resource_id, clock_timestamp() AS read_at
+            response_key_id, response_seal_version, resource_id, clock_timestamp() AS read_at
      FROM idempotency_record
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
 
@@ -122,7 +136,7 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
      SET state = 'PROCESSING', fingerprint = $4, owner_token = $5,
          lease_until = clock_timestamp() + $6 * interval '1 millisecond',
          response_status = NULL, response_location = NULL, response_content_type = NULL,
-         response_body = NULL, response_key_id = NULL, resource_id = NULL,
+         response_body = NULL, response_key_id = NULL, response_seal_version = NULL, resource_id = NULL,
          completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
@@ -145,13 +159,13 @@ pub struct Completion<'a> {
 
 impl<'a> Completion<'a> {
     /// How many parameters [`Completion::sql`] uses.
-    pub const PARAMS: usize = 11;
+    pub const PARAMS: usize = 12;
 
     /// The completion of `fence`'s record with `response`, its body sealed.
     pub fn new(fence: &'a Fence<'a>, response: &'a StoredResponse) -> sqlx::Result<Self> {
         let body = fence
             .sealer
-            .seal(Binding::from(fence.scope), &response.body)
+            .seal(binding(fence.scope, response), &response.body)
             .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         Ok(Self {
             fence,
@@ -167,10 +181,11 @@ impl<'a> Completion<'a> {
             "UPDATE idempotency_record
      SET state = 'COMPLETED', response_status = {status}, response_location = {location},
          response_content_type = {content_type}, response_body = {body}, response_key_id = {key_id},
-         resource_id = {resource}, completed_at = clock_timestamp(),
+         response_seal_version = {version}, resource_id = {resource}, completed_at = clock_timestamp(),
          expires_at = clock_timestamp() + {ttl} * interval '1 second', lease_until = NULL
      WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
-       AND state = 'PROCESSING' AND owner_token = {owner}",
+       AND state = 'PROCESSING' AND owner_token = {owner}
+       AND NOT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = {tenant})",
             tenant = p(0),
             endpoint = p(1),
             key = p(2),
@@ -182,6 +197,7 @@ impl<'a> Completion<'a> {
             ttl = p(8),
             key_id = p(9),
             resource = p(10),
+            version = p(11),
         )
     }
 
@@ -201,6 +217,7 @@ impl<'a> Completion<'a> {
             .bind(self.fence.ttl_secs)
             .bind(self.body.key_id)
             .bind(self.response.resource)
+            .bind(self.body.version)
     }
 }
 
@@ -231,34 +248,52 @@ pub const PURGE_ABANDONED: &str = "DELETE FROM idempotency_record
          LIMIT $2
          FOR UPDATE SKIP LOCKED)";
 
-/// Up to `$5` completed records not sealed under `$1`, after the keyset cursor
-/// `($2, $3, $4)` in primary-key order, locked until the rewrap's transaction ends.
-/// `SKIP LOCKED`: a row another rewrap holds is that rewrap's.
+/// Up to `$5` completed records not sealed under `$1` with the layout `$6`, after the
+/// keyset cursor `($2, $3, $4)` in primary-key order, locked until the rewrap's
+/// transaction ends. `SKIP LOCKED`: a row another transaction holds (another rewrap,
+/// live traffic) is passed over here and retried by the rewrap's next pass.
 pub const NOT_SEALED_UNDER: &str =
-    "SELECT tenant_id, endpoint, idem_key, response_key_id, response_body
+    "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version,
+            response_body, response_status, response_location, response_content_type, resource_id
      FROM idempotency_record
-     WHERE state = 'COMPLETED' AND response_key_id IS DISTINCT FROM $1
+     WHERE state = 'COMPLETED'
+       AND (response_key_id IS DISTINCT FROM $1 OR response_seal_version IS DISTINCT FROM $6)
        AND (tenant_id, endpoint, idem_key) > ($2, $3, $4)
      ORDER BY tenant_id, endpoint, idem_key
      LIMIT $5
      FOR UPDATE SKIP LOCKED";
 
-/// Stores each record's body sealed anew under `$1`, where it is still the completed
-/// record under the key it was read with.
+/// Up to `$3` completed records still not sealed under `$1` with the layout `$2`, and
+/// how many there are in all: what a rewrap reports as left when it ends.
+pub const STILL_NOT_SEALED: &str = "SELECT tenant_id, endpoint, idem_key, response_key_id,
+            count(*) OVER () AS total
+     FROM idempotency_record
+     WHERE state = 'COMPLETED'
+       AND (response_key_id IS DISTINCT FROM $1 OR response_seal_version IS DISTINCT FROM $2)
+     ORDER BY tenant_id, endpoint, idem_key
+     LIMIT $3";
+
+/// Stores each record's body sealed anew under `$1` with the layout `$7`, where it is
+/// still the completed record under the key and layout it was read with.
 pub const RESEAL: &str = "UPDATE idempotency_record r
-     SET response_body = n.body, response_key_id = $1
-     FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::text[])
-          AS n(tenant_id, endpoint, idem_key, body, was)
+     SET response_body = n.body, response_key_id = $1, response_seal_version = $7
+     FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::text[], $8::smallint[])
+          AS n(tenant_id, endpoint, idem_key, body, was, was_version)
      WHERE r.tenant_id = n.tenant_id AND r.endpoint = n.endpoint AND r.idem_key = n.idem_key
-       AND r.state = 'COMPLETED' AND r.response_key_id IS NOT DISTINCT FROM n.was";
+       AND r.state = 'COMPLETED' AND r.response_key_id IS NOT DISTINCT FROM n.was
+       AND r.response_seal_version IS NOT DISTINCT FROM n.was_version";
 
-/// Up to `$2` records of tenant `$1`, found through the primary key it leads and
-/// deleted by their row addresses (a TID scan: a join back on the key could hash the
-/// whole table).
-pub const ERASE_TENANT_BATCH: &str = "DELETE FROM idempotency_record
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_record WHERE tenant_id = $1 LIMIT $2))";
+/// Up to `$2` records of tenant `$1`, by primary key (an index scan of the key the
+/// tenant leads, both to find and to delete).
+pub const ERASE_TENANT_BATCH: &str = "DELETE FROM idempotency_record r
+     USING (SELECT endpoint, idem_key FROM idempotency_record WHERE tenant_id = $1 LIMIT $2) AS batch
+     WHERE r.tenant_id = $1 AND r.endpoint = batch.endpoint AND r.idem_key = batch.idem_key";
 
-/// A completed record as a rewrap reads it.
+/// How many records of tenant `$1` are left.
+pub const COUNT_TENANT: &str = "SELECT count(*) FROM idempotency_record WHERE tenant_id = $1";
+
+/// A completed record as a rewrap reads it: the whole stored answer, which its body is
+/// sealed to.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SealedRecord {
     pub tenant_id: Uuid,
@@ -266,17 +301,42 @@ pub struct SealedRecord {
     pub idem_key: String,
     /// The key its body is sealed under; `None`: stored in clear.
     pub response_key_id: Option<String>,
+    /// The layout of associated data it was sealed with (`None`: the first, or clear).
+    pub response_seal_version: Option<i16>,
     pub response_body: Vec<u8>,
+    pub response_status: i16,
+    pub response_location: Option<String>,
+    pub response_content_type: Option<String>,
+    pub resource_id: Option<Uuid>,
+}
+
+impl SealedRecord {
+    /// What the body is sealed to.
+    pub fn binding(&self) -> Binding<'_> {
+        Binding {
+            tenant: self.tenant_id,
+            endpoint: &self.endpoint,
+            key: &self.idem_key,
+            status: u16::try_from(self.response_status).unwrap_or_default(),
+            location: self.response_location.as_deref(),
+            content_type: self.response_content_type.as_deref(),
+            resource: self.resource_id,
+        }
+    }
+
+    pub fn key(&self) -> RecordKey {
+        (self.tenant_id, self.endpoint.clone(), self.idem_key.clone())
+    }
 }
 
 /// The primary key a rewrap walks in order.
 pub type RecordKey = (Uuid, String, String);
 
-/// Reads and locks up to `batch` completed records not sealed under `key_id`, after
-/// `cursor` (see [`NOT_SEALED_UNDER`]).
+/// Reads and locks up to `batch` completed records not sealed under `key_id` with the
+/// layout `version`, after `cursor` (see [`NOT_SEALED_UNDER`]).
 pub async fn not_sealed_under(
     tx: &mut PgConnection,
-    key_id: &str,
+    (key_id, version): (&str, i16),
     cursor: &RecordKey,
     batch: i64,
 ) -> sqlx::Result<Vec<SealedRecord>> {
@@ -286,20 +346,54 @@ pub async fn not_sealed_under(
         .bind(&cursor.1)
         .bind(&cursor.2)
         .bind(batch)
+        .bind(version)
         .fetch_all(&mut *tx)
         .await
 }
 
-/// One record sealed anew: its key, its new body, and the key it was read under.
+/// A completed record a rewrap left as it was: its key, and the key id it is under.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct NotSealed {
+    pub tenant_id: Uuid,
+    pub endpoint: String,
+    pub idem_key: String,
+    pub response_key_id: Option<String>,
+    /// How many such records there are in all.
+    pub total: i64,
+}
+
+/// Up to `limit` of the completed records still not sealed under `key_id` with the
+/// layout `version`, each with the total (see [`STILL_NOT_SEALED`]).
+pub async fn still_not_sealed(
+    db: impl PgExecutor<'_>,
+    (key_id, version): (&str, i16),
+    limit: i64,
+) -> sqlx::Result<Vec<NotSealed>> {
+    sqlx::query_as(STILL_NOT_SEALED)
+        .bind(key_id)
+        .bind(version)
+        .bind(limit)
+        .fetch_all(db)
+        .await
+}
+
+/// One record sealed anew: its key, its new body, and the key and layout it was read
+/// under.
 #[derive(Debug, Clone)]
 pub struct Resealed {
     pub record: RecordKey,
     pub body: Vec<u8>,
     pub was: Option<String>,
+    pub was_version: Option<i16>,
 }
 
-/// Stores the new bodies under `key_id` (see [`RESEAL`]); returns how many.
-pub async fn reseal(tx: &mut PgConnection, key_id: &str, rows: Vec<Resealed>) -> sqlx::Result<u64> {
+/// Stores the new bodies under `key_id` with the layout `version` (see [`RESEAL`]);
+/// returns how many.
+pub async fn reseal(
+    tx: &mut PgConnection,
+    (key_id, version): (&str, i16),
+    rows: Vec<Resealed>,
+) -> sqlx::Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -308,6 +402,7 @@ pub async fn reseal(tx: &mut PgConnection, key_id: &str, rows: Vec<Resealed>) ->
     let mut keys = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
     let mut was = Vec::with_capacity(rows.len());
+    let mut was_versions = Vec::with_capacity(rows.len());
     for row in rows {
         let (tenant, endpoint, key) = row.record;
         tenants.push(tenant);
@@ -315,6 +410,7 @@ pub async fn reseal(tx: &mut PgConnection, key_id: &str, rows: Vec<Resealed>) ->
         keys.push(key);
         bodies.push(row.body);
         was.push(row.was);
+        was_versions.push(row.was_version);
     }
     let done = sqlx::query(RESEAL)
         .bind(key_id)
@@ -323,15 +419,19 @@ pub async fn reseal(tx: &mut PgConnection, key_id: &str, rows: Vec<Resealed>) ->
         .bind(keys)
         .bind(bodies)
         .bind(was)
+        .bind(version)
+        .bind(was_versions)
         .execute(&mut *tx)
         .await?;
     Ok(done.rows_affected())
 }
 
-/// A row of [`CLAIM_OR_READ`]: the record's columns are NULL when `claimed`.
+/// A row of [`CLAIM_OR_READ`]: the record's columns are NULL when `claimed` or
+/// `erasing`.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
     claimed: bool,
+    erasing: bool,
     #[sqlx(flatten)]
     row: Row,
 }
@@ -348,6 +448,7 @@ struct Row {
     response_content_type: Option<String>,
     response_body: Option<Vec<u8>>,
     response_key_id: Option<String>,
+    response_seal_version: Option<i16>,
     resource_id: Option<Uuid>,
     read_at: DateTime<Utc>,
 }
@@ -373,6 +474,7 @@ impl Row {
                             resource: self.resource_id,
                         },
                         sealed_with: self.response_key_id,
+                        seal_version: self.response_seal_version,
                     },
                     _ => return Err(corrupt("completed record without its response")),
                 }
@@ -400,6 +502,8 @@ pub enum ClaimOrRead {
     Existing(Record),
     /// The key's row committed after this statement's snapshot: read again.
     Unseen,
+    /// The tenant is being erased: nothing was claimed or read.
+    TenantErasing,
 }
 
 /// Claims an unknown key for `owner`, or reads the record that holds it.
@@ -423,7 +527,10 @@ pub async fn claim_or_read(
         .await?;
     Ok(match row {
         None => ClaimOrRead::Unseen,
-        Some(ClaimRow { claimed: true, row }) => ClaimOrRead::Claimed { at: row.read_at },
+        Some(ClaimRow { erasing: true, .. }) => ClaimOrRead::TenantErasing,
+        Some(ClaimRow {
+            claimed: true, row, ..
+        }) => ClaimOrRead::Claimed { at: row.read_at },
         Some(ClaimRow { row, .. }) => ClaimOrRead::Existing(row.into_record()?),
     })
 }

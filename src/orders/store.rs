@@ -271,8 +271,11 @@ pub async fn export_page(
     }
 }
 
-/// Up to `$2` orders of tenant `$1`, found through the primary key it leads and
-/// deleted by their row addresses (a TID scan: a join back on the key could hash the
-/// whole table).
+/// Up to `$2` orders of tenant `$1`, by primary key (an index scan of the key the
+/// tenant leads, both to find and to delete).
 pub const ERASE_TENANT_BATCH: &str = "DELETE FROM orders
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM orders WHERE tenant_id = $1 LIMIT $2))";
+     WHERE tenant_id = $1
+       AND id = ANY (ARRAY(SELECT id FROM orders WHERE tenant_id = $1 LIMIT $2))";
+
+/// How many orders of tenant `$1` are left.
+pub const COUNT_TENANT: &str = "SELECT count(*) FROM orders WHERE tenant_id = $1";

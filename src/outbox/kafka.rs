@@ -331,18 +331,15 @@ impl Publisher for KafkaPublisher {
     }
 }
 
-/// The producer's properties: the operator's (`ORDERD_KAFKA_CONFIG`), then the ones
-/// the delivery guarantees rest on, which the configuration refused to take from them.
+/// The producer's properties: the operator's (`ORDERD_KAFKA_CONFIG`, which accepts only
+/// properties that cannot weaken delivery), then the ones the delivery guarantees and
+/// an order's placement rest on.
 fn client_config(kafka: &KafkaConfig, timeout: Duration) -> ClientConfig {
     let mut config = ClientConfig::new();
     for (name, value) in &kafka.properties {
         config.set(name, value.expose());
     }
     let set_by_operator = |name: &str| kafka.properties.iter().any(|(n, _)| n == name);
-    // Java's partitioner, so that a key lands where a Java producer would put it.
-    if !set_by_operator("partitioner") {
-        config.set("partitioner", "murmur2_random");
-    }
     if !set_by_operator("client.id") {
         config.set("client.id", "orderd");
     }
@@ -352,15 +349,13 @@ fn client_config(kafka: &KafkaConfig, timeout: Duration) -> ClientConfig {
     if !set_by_operator("linger.ms") && !set_by_operator("queue.buffering.max.ms") {
         config.set("linger.ms", "0");
     }
-    if !set_by_operator("max.in.flight")
-        && !set_by_operator("max.in.flight.requests.per.connection")
-    {
-        config.set(
+    config
+        // Java's partitioner, so that a key lands where a Java producer would put it.
+        .set("partitioner", "murmur2_random")
+        .set(
             "max.in.flight.requests.per.connection",
             KAFKA_MAX_IN_FLIGHT.to_string(),
-        );
-    }
-    config
+        )
         .set("bootstrap.servers", &kafka.brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -91,14 +91,6 @@ impl Relay {
     pub fn without_listen(mut self) -> Self {
         self.listen = false;
         self
-    }
-
-    /// How long a claimed row stays invisible to other relays: the publish timeout plus
-    /// half again and a second, room to record the outcome. A relay that dies holding
-    /// rows delays them this long; one that outlives it only causes a duplicate, which
-    /// consumers drop by `event_id`.
-    fn claim_lease(&self) -> Duration {
-        self.config.publish_timeout * 3 / 2 + Duration::from_secs(1)
     }
 
     /// Runs until `shutdown` is cancelled, then returns after finishing the round in
@@ -196,7 +188,7 @@ impl Relay {
     /// round's claim: a row another relay claimed since (after this one's lease ran
     /// out) is left to that relay.
     pub async fn round(&self) -> sqlx::Result<Round> {
-        let lease_ms = self.claim_lease().as_millis() as i64;
+        let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
         let store::Claimed {
             events: batch,
@@ -365,52 +357,17 @@ fn to_message(event: &PendingEvent) -> Message {
     }
 }
 
-/// Keeps a LISTEN connection and turns notifications into wake-ups. When the
-/// connection drops, the relay keeps polling while this reconnects with a backoff.
+/// How long a claimed row stays invisible to other relays, for a relay whose publishes
+/// time out after `publish_timeout`: that plus half again and a second, room to record
+/// the outcome. A relay that dies holding rows delays them this long; one that outlives
+/// it only causes a duplicate, which consumers drop by `event_id`. It is also how long
+/// after a row's deletion a relay may still be publishing it (an erasure waits it out).
+pub fn claim_lease(publish_timeout: Duration) -> Duration {
+    publish_timeout * 3 / 2 + Duration::from_secs(1)
+}
+
+/// Turns notifications on [`CHANNEL`] into wake-ups; a connection lost or regained
+/// wakes the relay too, since notifications in between may be lost.
 async fn listen(listen_on: PgConnectOptions, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let connected = async {
-            // A one-connection pool of its own, on the direct (session) connection.
-            let session = PgPoolOptions::new()
-                .max_connections(1)
-                .connect_lazy_with(listen_on.clone());
-            let mut listener = PgListener::connect_with(&session).await?;
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
-        };
-        match connected.await {
-            Ok(mut listener) => {
-                pause = Duration::from_millis(100);
-                // Anything committed while we were not listening is found by this wake-up.
-                wake.notify_one();
-                loop {
-                    tokio::select! {
-                        received = listener.try_recv() => match received {
-                            Ok(Some(_)) => wake.notify_one(),
-                            // The connection was lost (sqlx reconnects on the next call);
-                            // notifications in between may be lost, so look now.
-                            Ok(None) => {
-                                tracing::warn!("outbox listener connection lost; reconnecting");
-                                wake.notify_one();
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "outbox listener failed; polling until it reconnects");
-                                break;
-                            }
-                        },
-                        _ = shutdown.cancelled() => return,
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot LISTEN for outbox events; polling meanwhile")
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        pause = (pause * 2).min(Duration::from_secs(10));
-    }
+    crate::db::listen(listen_on, CHANNEL, |_| wake.notify_one(), shutdown).await
 }

@@ -453,8 +453,19 @@ pub async fn purge_published(
     Ok(done.rows_affected())
 }
 
-/// Up to `$2` events of tenant `$1`, whatever their state, found through the primary
-/// key it leads and deleted by their row addresses (a TID scan: a join back on the key
-/// could hash the whole table).
-pub const ERASE_TENANT_BATCH: &str = "DELETE FROM outbox_event
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox_event WHERE tenant_id = $1 LIMIT $2))";
+/// Up to `$2` events of tenant `$1`, whatever their state, by primary key: how many,
+/// and until when a relay may still be publishing one of them (a PENDING row's
+/// `next_attempt_at` is its claim's lease when a relay claimed it; never later than
+/// `$3` ms from now, the longest lease a relay takes).
+pub const ERASE_TENANT_BATCH: &str = "WITH gone AS (
+         DELETE FROM outbox_event
+         WHERE tenant_id = $1
+           AND event_id = ANY (ARRAY(SELECT event_id FROM outbox_event WHERE tenant_id = $1 LIMIT $2))
+         RETURNING status, claimed_by, next_attempt_at)
+     SELECT count(*) AS deleted,
+            least(max(next_attempt_at) FILTER (WHERE status = 'PENDING' AND claimed_by IS NOT NULL),
+                  clock_timestamp() + $3 * interval '1 millisecond') AS published_until
+     FROM gone";
+
+/// How many events of tenant `$1` are left.
+pub const COUNT_TENANT: &str = "SELECT count(*) FROM outbox_event WHERE tenant_id = $1";

@@ -26,6 +26,7 @@ use self::{
 use crate::{
     auth::{Principal, SCOPE_READ, SCOPE_WRITE},
     db::Db,
+    erasure::Erasures,
     idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
@@ -169,15 +170,32 @@ pub struct Service {
     /// tenant's limits and whose body has arrived hold a place: a client that has not
     /// authenticated, or sends slowly, can never take capacity from one that has.
     capacity: Arc<Semaphore>,
+    /// Tenants being erased: their writes are refused before anything else is looked
+    /// up (see `crate::erasure`).
+    erasures: Arc<Erasures>,
 }
 
 impl Service {
-    pub fn new(db: Db, guard: Guard, max_in_flight: usize) -> Self {
+    pub fn new(db: Db, guard: Guard, max_in_flight: usize, erasures: Arc<Erasures>) -> Self {
         Self {
             db,
             guard,
             capacity: Arc::new(Semaphore::new(max_in_flight)),
+            erasures,
         }
+    }
+
+    /// Refuses a write of a tenant being erased (409, nothing looked up or stored).
+    fn writable(&self, caller: &Caller) -> Result<(), Problem> {
+        if self.erasures.contains(caller.tenant()) {
+            return Err(Problem::erasing());
+        }
+        Ok(())
+    }
+
+    /// The guard, for the process's upkeep (its replay cache).
+    pub fn guard(&self) -> &Guard {
+        &self.guard
     }
 
     /// A place among the operations in flight, or 503 at once: a full process sheds
@@ -203,6 +221,7 @@ impl Service {
         new: NewOrder,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
+        self.writable(caller)?;
         let _place = self.admit()?;
         let scope = Scope {
             tenant: caller.tenant(),
@@ -249,6 +268,7 @@ impl Service {
         id: Uuid,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
+        self.writable(caller)?;
         let _place = self.admit()?;
         let tenant = caller.tenant();
         let scope = Scope {

@@ -19,6 +19,10 @@ use crate::{
     orders::Invalid,
 };
 
+/// The `Retry-After` of a write refused during its tenant's erasure, in seconds: an
+/// erasure takes seconds to minutes, paced.
+pub const ERASURE_RETRY_AFTER_SECS: u64 = 5;
+
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -69,6 +73,7 @@ pub enum Kind {
     Forbidden,
     NotFound,
     MethodNotAllowed,
+    TenantErasureInProgress,
     PayloadTooLarge,
     UnsupportedMediaType,
     RateLimited,
@@ -91,6 +96,7 @@ impl Kind {
             Kind::Forbidden => "forbidden",
             Kind::NotFound => "not-found",
             Kind::MethodNotAllowed => "method-not-allowed",
+            Kind::TenantErasureInProgress => "tenant-erasure-in-progress",
             Kind::PayloadTooLarge => "payload-too-large",
             Kind::UnsupportedMediaType => "unsupported-media-type",
             Kind::RateLimited => "rate-limited",
@@ -113,6 +119,7 @@ impl Kind {
             Kind::Forbidden => "The token lacks the required scope",
             Kind::NotFound => "Not found",
             Kind::MethodNotAllowed => "Method not allowed",
+            Kind::TenantErasureInProgress => "The tenant's data is being erased",
             Kind::PayloadTooLarge => "Payload too large",
             Kind::UnsupportedMediaType => "Unsupported media type",
             Kind::RateLimited => "Too many requests",
@@ -130,7 +137,7 @@ impl Kind {
                 StatusCode::BAD_REQUEST
             }
             Kind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Kind::IdempotencyKeyInFlight => StatusCode::CONFLICT,
+            Kind::IdempotencyKeyInFlight | Kind::TenantErasureInProgress => StatusCode::CONFLICT,
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
             Kind::Forbidden => StatusCode::FORBIDDEN,
             Kind::NotFound => StatusCode::NOT_FOUND,
@@ -195,6 +202,18 @@ impl Problem {
         let cause = cause.into();
         tracing::warn!(error = format!("{cause:#}"), "dependency unavailable");
         Self::new(Kind::ServiceUnavailable)
+    }
+
+    /// 409: the tenant's data is being erased, so its writes are refused until that ends.
+    pub fn erasing() -> Self {
+        Self::new(Kind::TenantErasureInProgress)
+            .with_detail(
+                "this tenant's data is being erased; writes are refused until the erasure ends",
+            )
+            .with_header(
+                header::RETRY_AFTER,
+                HeaderValue::from(ERASURE_RETRY_AFTER_SECS),
+            )
     }
 
     /// 401 with the RFC 6750 challenge.
@@ -316,6 +335,7 @@ impl From<GuardError<Problem>> for Problem {
             // that the answer is unavailable, never a wrong or empty one.
             GuardError::Sealed(_) => Problem::new(Kind::ServiceUnavailable)
                 .with_detail("the stored answer for this Idempotency-Key cannot be read now"),
+            GuardError::TenantErasing => Problem::erasing(),
         }
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! The protocol is the official Rust SDK's (`rmcp`'s `StreamableHttpService`: stateless,
 //! JSON responses), mounted in poem by a small adapter. Before any MCP message is read,
-//! the HTTP request passes the same checks as REST: a browser `Origin` must be allowed
-//! (DNS-rebinding protection), and the bearer token must verify, else 401 with a
-//! challenge naming the protected-resource metadata (RFC 9728) so that MCP clients can
-//! find where tokens come from. Scopes and the tenant's limits apply per tool call.
+//! the request head passes the same gate as REST (`api::auth::Gate`): a browser
+//! `Origin` must be allowed ([`check_origin`], DNS-rebinding protection), and the
+//! bearer token must verify, else 401 with a challenge naming the protected-resource
+//! metadata (RFC 9728, [`challenge`]) so that MCP clients can find where tokens come
+//! from. Scopes and the tenant's limits apply per tool call.
 //! The tools themselves ([`tools`]) are thin: they parse their arguments and call the
 //! application layer, as the REST handlers do.
 
@@ -30,14 +31,13 @@ use tower_service::Service;
 pub use self::tools::OrderTools;
 use super::{
     Shared,
-    auth::{authenticate, bearer_token},
     limits::TenantLimiter,
     problem::{Kind, Problem},
     routes::Route,
 };
 use crate::{
     auth::{AuthError, SCOPE_READ, SCOPE_WRITE},
-    service,
+    service::{self, Caller},
 };
 
 /// Where the protected-resource metadata is served.
@@ -46,20 +46,11 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 /// The `/mcp` endpoint.
 pub struct Mcp {
     service: StreamableHttpService<OrderTools, NeverSessionManager>,
-    verifier: Arc<crate::auth::Verifier>,
     limiter: Arc<TenantLimiter>,
-    allowed_origins: Arc<Vec<String>>,
-    /// Where clients reach the service, as the 401 challenge names the metadata.
-    public_url: Arc<str>,
 }
 
 impl Mcp {
-    pub fn new(
-        service: service::Service,
-        shared: &Shared,
-        allowed_origins: Vec<String>,
-        public_url: Arc<str>,
-    ) -> Self {
+    pub fn new(service: service::Service, shared: &Shared) -> Self {
         let tools = OrderTools {
             service,
             limiter: shared.limiter.clone(),
@@ -76,32 +67,17 @@ impl Mcp {
                 Arc::new(NeverSessionManager::default()),
                 config,
             ),
-            verifier: shared.verifier.clone(),
             limiter: shared.limiter.clone(),
-            allowed_origins: Arc::new(allowed_origins),
-            public_url,
         }
     }
 
     async fn handle(&self, req: Request) -> Result<Response, Problem> {
-        if let Some(origin) = req.headers().get(header::ORIGIN) {
-            let origin = origin.to_str().unwrap_or_default();
-            if !self.allowed_origins.iter().any(|allowed| allowed == origin) {
-                return Err(Problem::new(Kind::Forbidden).with_detail(format!(
-                    "requests from the browser origin `{origin}` are not allowed here"
-                )));
-            }
-        }
-        let header = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let token = bearer_token(header).map_err(|e| challenge(&self.public_url, e))?;
-        let caller = authenticate(&self.verifier, token)
-            .await
-            .map_err(|e| challenge(&self.public_url, e))?
-            .with_trace(crate::telemetry::request_trace(req.extensions().get()));
-
+        // The gate verified the token (and the origin) from the head.
+        let caller = req.extensions().get::<Caller>().cloned().ok_or_else(|| {
+            Problem::internal(anyhow::anyhow!(
+                "/mcp was reached without the gate's caller"
+            ))
+        })?;
         let (parts, body) = req.into_parts();
         let bytes = body
             .into_bytes()
@@ -151,6 +127,19 @@ impl Mcp {
     }
 }
 
+/// Refuses a browser `Origin` that is not allowed (DNS-rebinding protection): 403.
+pub fn check_origin(headers: &http::HeaderMap, allowed: &[String]) -> Result<(), Problem> {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        if !allowed.iter().any(|allowed| allowed == origin) {
+            return Err(Problem::new(Kind::Forbidden).with_detail(format!(
+                "requests from the browser origin `{origin}` are not allowed here"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a request body is a JSON-RPC `tools/call`.
 fn is_tool_call(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
@@ -163,7 +152,7 @@ fn is_tool_call(body: &[u8]) -> bool {
 
 /// A 401 whose challenge names the protected-resource metadata, at the configured
 /// public URL (never one built from the request's `Host`, which a client chooses).
-fn challenge(public_url: &str, err: AuthError) -> Problem {
+pub fn challenge(public_url: &str, err: AuthError) -> Problem {
     let metadata = format!("{public_url}{METADATA_PATH}");
     let mut problem = Problem::from(err);
     let value = format!(r#"Bearer error="invalid_token", resource_metadata="{metadata}""#);

@@ -458,3 +458,80 @@ async fn out_of_file_descriptors_the_server_neither_spins_nor_stays_down() {
         "the server serves again once the crowd is gone; its log:\n{logs}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_a_valid_token_is_answered_401_from_its_head_and_its_body_is_never_read()
+{
+    let app = spawn_app_with(&[]).await;
+    let head = |path: &str, auth: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: o\r\n{auth}Idempotency-Key: anonymous-key-000001\r\n\
+             Content-Type: application/json\r\nContent-Length: 65536\r\n{extra}\r\n"
+        )
+    };
+    // A body announced and partly sent, then the client stalls: answered at once, not
+    // after the read timeout (10 s here), and the connection closed.
+    for (path, auth) in [
+        ("/v1/orders", ""),
+        ("/v1/orders", "Authorization: Bearer not-a-token\r\n"),
+        ("/mcp", ""),
+    ] {
+        let mut conn = connect(&app).await;
+        let mut request = head(path, auth, "").into_bytes();
+        request.extend(std::iter::repeat_n(b' ', 60_000));
+        conn.write_all(&request).await.unwrap();
+        let started = std::time::Instant::now();
+        let raw = read_until_closed(&mut conn)
+            .await
+            .expect("answered and closed");
+        let (status, body) = problem(&raw);
+        assert_eq!(
+            (status, body["type"].as_str()),
+            (401, Some("/problems/unauthorized")),
+            "{path}"
+        );
+        let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+        assert!(head.contains("connection: close"), "{head}");
+        assert!(head.contains("www-authenticate: bearer"), "{head}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "answered from the head"
+        );
+    }
+    // `Expect: 100-continue` without a token: the 401, never a 100.
+    let mut conn = connect(&app).await;
+    conn.write_all(head("/v1/orders", "", "Expect: 100-continue\r\n").as_bytes())
+        .await
+        .unwrap();
+    let raw = read_until_closed(&mut conn)
+        .await
+        .expect("answered and closed");
+    assert!(raw.starts_with("HTTP/1.1 401 "), "{raw}");
+    assert!(!raw.contains("100 Continue"), "{raw}");
+    // With a valid token the same head is told to continue and the body is read.
+    let token = app.token(Uuid::new_v4());
+    let body = br#"{"sku":"EXPECT-1","quantity":1}"#;
+    let mut conn = connect(&app).await;
+    let request = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: o\r\nAuthorization: Bearer {token}\r\n\
+         Idempotency-Key: expect-key-0000000001\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut first = [0u8; 25];
+    conn.read_exact(&mut first).await.unwrap();
+    assert!(
+        first.starts_with(b"HTTP/1.1 100 Continue"),
+        "{}",
+        String::from_utf8_lossy(&first)
+    );
+    conn.write_all(body).await.unwrap();
+    let raw = read_until_closed(&mut conn)
+        .await
+        .expect("answered and closed");
+    assert!(raw.contains("HTTP/1.1 201 "), "{raw}");
+    // Nothing of the refused requests was stored.
+    assert_eq!(app.count("idempotency_record").await, 1);
+    assert_eq!(app.count("orders").await, 1);
+}

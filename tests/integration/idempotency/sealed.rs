@@ -151,3 +151,89 @@ async fn without_keys_bodies_are_stored_as_they_are() {
     let stored: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(stored["customer_ref"], "carol");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_answer_whose_status_location_or_resource_was_changed_answers_503() {
+    let app = spawn_app_with(&[("ORDERD_RESPONSE_KEYS", K1)]).await;
+    let token = app.token(Uuid::new_v4());
+    let other = Uuid::new_v4().to_string();
+    // Each change is what someone with write access to the table might try; each on a
+    // record that has not been replayed yet, so that the replay reads the table.
+    let changes = [
+        "response_status = 200",
+        "response_location = '/v1/orders/' || $2",
+        "response_content_type = 'text/html'",
+        "resource_id = $2::uuid",
+    ];
+    for (n, change) in changes.iter().enumerate() {
+        let key = new_key();
+        let body = json!({"sku": format!("TAMPER-{n}"), "quantity": 1, "customer_ref": "dave"});
+        assert_eq!(app.create(&token, &key, &body).await.status, 201);
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE idempotency_record SET {change} WHERE idem_key = $1 AND $2::text <> ''"
+        )))
+        .bind(&key)
+        .bind(&other)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(changed.rows_affected(), 1);
+        let replay = app.create(&token, &key, &body).await;
+        replay.assert_problem(503, "service-unavailable");
+        assert!(
+            !String::from_utf8_lossy(&replay.body).contains("dave"),
+            "{change}"
+        );
+    }
+    assert_eq!(app.count("orders").await, changes.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_body_is_served_by_default_and_refused_once_the_operator_refuses_clear_records() {
+    let db = crate::support::TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let body = json!({"sku": "CLEAR-1", "quantity": 1});
+    let key = new_key();
+    // A record stored before keys were turned on, or a clear body written into the
+    // table: its answer in clear, no key id.
+    let first = {
+        let app = crate::support::spawn_app_on(db.handle().await, &[]).await;
+        let reply = app.create(&app.token(tenant), &key, &body).await;
+        assert_eq!(reply.status, 201);
+        reply
+    };
+    // Keys on, clear records served (the default): the answer replays as it was.
+    {
+        let app =
+            crate::support::spawn_app_on(db.handle().await, &[("ORDERD_RESPONSE_KEYS", K1)]).await;
+        let replay = app.create(&app.token(tenant), &key, &body).await;
+        assert_eq!((replay.status, &replay.body), (201, &first.body));
+    }
+    // Clear records refused: the same record is a 503, and nothing new is written.
+    {
+        let app = crate::support::spawn_app_on(
+            db.handle().await,
+            &[
+                ("ORDERD_RESPONSE_KEYS", K1),
+                ("ORDERD_RESPONSE_CLEAR", "refuse"),
+            ],
+        )
+        .await;
+        let replay = app.create(&app.token(tenant), &key, &body).await;
+        replay.assert_problem(503, "service-unavailable");
+        // A new answer is sealed, and replays.
+        let fresh = new_key();
+        let created = app.create(&app.token(tenant), &fresh, &body).await;
+        assert_eq!(created.status, 201);
+        let replayed = app.create(&app.token(tenant), &fresh, &body).await;
+        assert_eq!(replayed.body, created.body);
+    }
+    let stored: Vec<(Option<String>, Option<i16>)> = sqlx::query_as(
+        "SELECT response_key_id, response_seal_version FROM idempotency_record ORDER BY response_key_id NULLS FIRST",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, [(None, None), (Some("k1".into()), Some(2))]);
+    assert_eq!(db.count("orders").await, 2);
+}

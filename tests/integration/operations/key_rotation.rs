@@ -7,7 +7,7 @@
 use std::{process::Command, time::Duration};
 
 use orderd::idempotency::{
-    seal::{Binding, Sealer},
+    seal::{ClearRecords, Sealer},
     store::SealedRecord,
 };
 use serde_json::json;
@@ -33,7 +33,7 @@ fn sealer(value: &str) -> Sealer {
         _ => None,
     })
     .unwrap();
-    Sealer::new(&config.idempotency.response_keys)
+    Sealer::new(&config.idempotency.response_keys, ClearRecords::Serve)
 }
 
 /// One create against `serve`: status and body bytes.
@@ -188,23 +188,20 @@ async fn clear_records(db: &TestDb, count: i64) {
 /// ones from [`clear_records`]: `body-N` for key N); returns how many were checked.
 async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
     let rows: Vec<SealedRecord> = sqlx::query_as(
-        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_body
+        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
+                response_status, response_location, response_content_type, resource_id
          FROM idempotency_record WHERE state = 'COMPLETED' AND idem_key ~ '^key-[0-9]{16}$'",
     )
     .fetch_all(&db.pool)
     .await
     .unwrap();
     for row in &rows {
-        let binding = Binding {
-            tenant: row.tenant_id,
-            endpoint: &row.endpoint,
-            key: &row.idem_key,
-        };
         let opened = sealer
             .open(
-                binding,
+                row.binding(),
                 row.response_body.clone(),
                 row.response_key_id.as_deref(),
+                row.response_seal_version,
             )
             .unwrap();
         let n: u64 = row.idem_key.trim_start_matches("key-").parse().unwrap();
@@ -321,4 +318,93 @@ async fn a_rewrap_killed_midway_finishes_the_rest_when_run_again() {
     );
     assert_eq!(sealed_under(&db).await, [(Some("k1".into()), 20_000)]);
     assert_eq!(every_record_opens(&db, &sealer(K1)).await, 20_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrap_beside_held_records_exits_0_only_once_it_sealed_them_too() {
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let mut written = Vec::new();
+    {
+        let serve = ServeProcess::start(&db, &keys(K1));
+        let token = serve.token(tenant);
+        for n in 0..30 {
+            let key = new_key();
+            let (status, body) = create(&serve, &token, &key, n).await;
+            assert_eq!(status, 201);
+            written.push((key, n, body));
+        }
+    }
+    // Live traffic holds five records in a transaction, as a reclaim or a forget does.
+    let held: Vec<&str> = written[..5].iter().map(|(k, ..)| k.as_str()).collect();
+    let mut holder = db.pool.begin().await.unwrap();
+    let locked: Vec<String> = sqlx::query_scalar(
+        "SELECT idem_key FROM idempotency_record WHERE idem_key = ANY($1) FOR UPDATE",
+    )
+    .bind(&held)
+    .fetch_all(&mut *holder)
+    .await
+    .unwrap();
+    assert_eq!(locked.len(), 5);
+
+    // Held for the whole wait: it says so, names them, and exits non-zero.
+    let out = Command::new(BIN)
+        .args(["keys", "rewrap", "--batch", "7", "--wait", "1"])
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_RESPONSE_KEYS", format!("{K2},{K1}"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with("resealed 25 stored responses under key `k2`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("5 completed records are not sealed under key `k2`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("5 records were held by other transactions"),
+        "{stdout}"
+    );
+    for key in &held {
+        assert!(stdout.contains(key), "{key} is not named: {stdout}");
+    }
+    assert_eq!(
+        sealed_under(&db).await,
+        [(Some("k1".into()), 5), (Some("k2".into()), 25)]
+    );
+
+    // Released while a rewrap waits: it seals them and exits 0.
+    let rewrap = Command::new(BIN)
+        .args(["keys", "rewrap", "--batch", "7", "--wait", "60"])
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_RESPONSE_KEYS", format!("{K2},{K1}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    holder.rollback().await.unwrap();
+    let out = rewrap.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with("resealed 5 stored responses under key `k2`"),
+        "{stdout}"
+    );
+    assert_eq!(sealed_under(&db).await, [(Some("k2".into()), 30)]);
+
+    // The old key dropped, as an operator may once the rewrap exited 0: every replay is
+    // the first answer, byte for byte.
+    let serve = ServeProcess::start(&db, &keys(K2));
+    let token = serve.token(tenant);
+    for (key, n, body) in &written {
+        assert_eq!(
+            create(&serve, &token, key, *n).await,
+            (201, body.clone()),
+            "{key}"
+        );
+    }
+    assert_eq!(db.count("orders").await, 30);
 }

@@ -1,4 +1,5 @@
 mod cli;
+mod erasure;
 mod key_rotation;
 mod observability;
 mod reconcile;

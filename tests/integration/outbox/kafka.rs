@@ -353,6 +353,26 @@ async fn a_relay_process_is_ready_while_its_broker_answers_and_will_not_start_wi
         "{stderr}"
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
+    // librdkafka's side doors (a `topic.` prefix, the partitioner) are refused as well,
+    // at start, naming the variable and the property: only known-safe properties pass.
+    for (property, named) in [
+        (
+            "topic.message.timeout.ms=600000",
+            "topic.message.timeout.ms",
+        ),
+        ("topic.acks=1", "topic.acks"),
+        ("partitioner=random", "partitioner"),
+        (
+            "queue.buffering.backpressure.threshold=1",
+            "queue.buffering.backpressure.threshold",
+        ),
+    ] {
+        let stderr = refused(&[("ORDERD_KAFKA_CONFIG", property)]);
+        assert!(
+            stderr.contains(&format!("ORDERD_KAFKA_CONFIG may not set `{named}`")),
+            "{property}: {stderr}"
+        );
+    }
 
     let topic = unique_topic();
     create_topic(&brokers, &topic, 1).await;

@@ -1,0 +1,150 @@
+//! Tenants being erased: the `tenant_erasure` table, and what every process knows of it.
+//!
+//! `orderd tenant erase` marks the tenant here before it deletes anything, and unmarks
+//! it only once no row of the tenant is left. While the mark stands:
+//! - every `serve` process refuses the tenant's writes (REST and MCP, replays included)
+//!   before any idempotency lookup, from [`Erasures`], a set it keeps from the table and
+//!   reloads whenever a notification on [`CHANNEL`] says it changed (or the listening
+//!   session was lost, when one may have been missed);
+//! - the database refuses them too: the idempotency claim and the fenced completion
+//!   check the mark, so a process that has not heard yet still cannot begin or commit a
+//!   write of the tenant (see `idempotency::store`).
+//!
+//! The mark is state in the database, not in the erasing process: a killed erase leaves
+//! it, and the tenant stays refused until an erase (re-run) completes.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, RwLock},
+};
+
+use sqlx::{PgExecutor, postgres::PgConnectOptions};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::{
+    db::{self, Db, Heard},
+    tenant::TenantId,
+};
+
+/// The channel an erase notifies when it starts or ends.
+pub const CHANNEL: &str = "orderd_tenant_erasure";
+
+/// Marks `tenant` as being erased by `actor` (kept when it already is: a re-run resumes)
+/// and tells every listening process, when this statement's transaction commits.
+const MARK: &str = "WITH marked AS (
+         INSERT INTO tenant_erasure (tenant_id, actor) VALUES ($1, $2)
+         ON CONFLICT (tenant_id) DO NOTHING
+         RETURNING tenant_id)
+     SELECT pg_notify('orderd_tenant_erasure', $1::text)";
+
+/// Ends `tenant`'s erasure and tells every listening process.
+const UNMARK: &str =
+    "WITH unmarked AS (DELETE FROM tenant_erasure WHERE tenant_id = $1 RETURNING tenant_id)
+     SELECT pg_notify('orderd_tenant_erasure', $1::text)";
+
+/// Every tenant being erased.
+const LIST: &str = "SELECT tenant_id FROM tenant_erasure";
+
+/// Marks `tenant` as being erased (see [`MARK`]).
+pub async fn mark(db: impl PgExecutor<'_>, tenant: TenantId, actor: &str) -> sqlx::Result<()> {
+    sqlx::query(MARK)
+        .bind(tenant.0)
+        .bind(actor)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Ends `tenant`'s erasure (see [`UNMARK`]).
+pub async fn unmark(db: impl PgExecutor<'_>, tenant: TenantId) -> sqlx::Result<()> {
+    sqlx::query(UNMARK).bind(tenant.0).execute(db).await?;
+    Ok(())
+}
+
+/// Whether `tenant` is being erased, as the database says now.
+pub async fn is_marked(db: impl PgExecutor<'_>, tenant: TenantId) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = $1)")
+        .bind(tenant.0)
+        .fetch_one(db)
+        .await
+}
+
+/// The tenants this process refuses writes of: those being erased.
+#[derive(Debug, Default)]
+pub struct Erasures {
+    tenants: RwLock<HashSet<Uuid>>,
+}
+
+impl Erasures {
+    /// Whether `tenant` is being erased, as this process last heard.
+    pub fn contains(&self, tenant: TenantId) -> bool {
+        self.tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&tenant.0)
+    }
+
+    /// Reads the set from the table; returns it.
+    pub async fn reload(&self, db: &Db) -> sqlx::Result<HashSet<Uuid>> {
+        let tenants: HashSet<Uuid> = db
+            .run(async |c| sqlx::query_scalar(LIST).fetch_all(c).await)
+            .await?
+            .into_iter()
+            .collect();
+        *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = tenants.clone();
+        Ok(tenants)
+    }
+}
+
+/// Keeps `erasures` as the table says until `shutdown`: reloads it on every
+/// notification, and whenever one may have been missed. `changed` runs after each
+/// reload (the replay cache is emptied there: an erased tenant's stored answers must not
+/// outlive its records).
+pub async fn follow(
+    erasures: Arc<Erasures>,
+    db: Db,
+    listen_on: PgConnectOptions,
+    changed: impl Fn() + Send + 'static,
+    shutdown: CancellationToken,
+) {
+    let (wake, mut woken) = tokio::sync::mpsc::channel::<Heard>(1);
+    let listening = tokio::spawn(db::listen(
+        listen_on,
+        CHANNEL,
+        move |heard| {
+            // Coalesced: one reload covers any number of notifications before it.
+            let _ = wake.try_send(heard);
+        },
+        shutdown.clone(),
+    ));
+    loop {
+        tokio::select! {
+            heard = woken.recv() => {
+                if heard.is_none() {
+                    break;
+                }
+                let mut pause = std::time::Duration::from_millis(100);
+                loop {
+                    match erasures.reload(&db).await {
+                        Ok(tenants) => {
+                            tracing::info!(erasing = tenants.len(), "tenants being erased reloaded");
+                            changed();
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot read the tenants being erased; retrying");
+                            tokio::select! {
+                                _ = tokio::time::sleep(pause) => {}
+                                _ = shutdown.cancelled() => return,
+                            }
+                            pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                        }
+                    }
+                }
+            }
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    let _ = listening.await;
+}
