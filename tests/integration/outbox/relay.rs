@@ -660,12 +660,12 @@ async fn losing_the_listener_falls_back_to_polling_and_it_reconnects() {
     )
     .await;
     let listening = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%outbox_event%'",
         app.db.name
     );
     app.db.until_count(&listening, 1).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE 'LISTEN%outbox_event%'",
         app.db.name
     )))
     .execute(&app.db.pool)
