@@ -141,7 +141,15 @@ async fn rotating_keys_keeps_every_replay_byte_exact_and_an_unknown_key_answers_
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(problem["type"], "/problems/service-unavailable");
         assert!(!String::from_utf8_lossy(&body).contains("customer"));
-        let logs = serve.logs.lock().unwrap().join("\n");
+        // The log is read from the process's stderr by a thread: give it a moment.
+        let mut logs = String::new();
+        for _ in 0..100 {
+            logs = serve.logs.lock().unwrap().join("\n");
+            if logs.contains("cannot be opened") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let line = logs
             .lines()
             .find(|l| l.contains("cannot be opened"))
