@@ -62,14 +62,6 @@ pub async fn unmark(db: impl PgExecutor<'_>, tenant: TenantId) -> sqlx::Result<(
     Ok(())
 }
 
-/// Whether `tenant` is being erased, as the database says now.
-pub async fn is_marked(db: impl PgExecutor<'_>, tenant: TenantId) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = $1)")
-        .bind(tenant.0)
-        .fetch_one(db)
-        .await
-}
-
 /// The tenants this process refuses writes of: those being erased.
 #[derive(Debug, Default)]
 pub struct Erasures {

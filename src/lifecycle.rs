@@ -257,7 +257,7 @@ pub async fn erase(
 }
 
 /// Rows of `tenant` in the three tables, counted on the keys it leads.
-pub async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
+async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
     let mut left = 0;
     for sql in [
         outbox::store::COUNT_TENANT,
