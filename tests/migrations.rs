@@ -54,6 +54,14 @@ const RELEASED: &[(&str, &str)] = &[
         "20261202000010_purged_tables_autovacuum.sql",
         "f04bf5b60f6b33fdedf620974a9be6b9e1b7ac56c5fdf33cf782cc5001af4cb6",
     ),
+    (
+        "20261202000011_seal_version.sql",
+        "8a7192d0f2cb1ac3509d7a1a9142c217d96ec151c874ecba18fd2f4068c9f35a",
+    ),
+    (
+        "20261202000012_tenant_erasure.sql",
+        "f15479ae9f57e60017bedfcce6fd70bf42f1098ba84bdf314ca7b0e99f53a40a",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an
