@@ -184,14 +184,20 @@ fn config(database_url: &str, batch: u32) -> Config {
 }
 
 /// A migrated, empty database.
-async fn fresh(config: &Config) -> Db {
+/// Also a plain pool of its own, for the benchmark's own statements.
+async fn fresh(config: &Config) -> (Db, sqlx::PgPool) {
     orderd::db::migrate(config).await.expect("migrations");
     let db = orderd::db::db_of_size(config, 8).await.expect("database");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(config.database_url.expose())
+        .await
+        .expect("a pool of the benchmark's own");
     sqlx::query("TRUNCATE orders, outbox_event, idempotency_record")
-        .execute(db.pool())
+        .execute(&pool)
         .await
         .expect("empty the tables");
-    db
+    (db, pool)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -211,8 +217,7 @@ async fn latency(
     rate: u32,
     seconds: u32,
 ) {
-    let db = fresh(&config).await;
-    let pool = db.pool().clone();
+    let (db, pool) = fresh(&config).await;
     let stop = CancellationToken::new();
     let stamped = Arc::new(Stamped {
         inner: publisher,
@@ -298,7 +303,7 @@ async fn write_orders(
             };
             let fingerprint = Fingerprint::of(&new);
             let answer = guard
-                .run_in_one_statement(&scope, fingerprint, move |conn, fence| {
+                .run_in_one_statement(&scope, fingerprint, move |mut sql, fence| {
                     Box::pin(async move {
                         let order = Order::created(&new, fence.at);
                         let response = StoredResponse {
@@ -309,8 +314,7 @@ async fn write_orders(
                             resource: Some(order.id),
                         };
                         let written = store::create(
-                            conn,
-                            orderd::db::Statements::NAMED,
+                            &mut sql,
                             &fence,
                             &response,
                             &order,
@@ -418,8 +422,7 @@ async fn drain_once(
     events: i64,
     tenant: Option<Uuid>,
 ) -> (sqlx::PgPool, f64) {
-    let db = fresh(config).await;
-    let pool = db.pool().clone();
+    let (_db, pool) = fresh(config).await;
     seed_backlog(&pool, events, tenant).await;
     let stop = CancellationToken::new();
     let started = Instant::now();
@@ -465,8 +468,7 @@ async fn fairness(
     for _ in 0..pairs {
         let (_, secs) = drain_once(&config, publisher.clone(), events, Some(noisy)).await;
         let alone = events as f64 / secs;
-        let db = fresh(&config).await;
-        let pool = db.pool().clone();
+        let (db, pool) = fresh(&config).await;
         seed_backlog(&pool, events, Some(noisy)).await;
         let stamped = Arc::new(Stamped {
             inner: publisher.clone(),

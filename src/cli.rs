@@ -251,19 +251,19 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
     match command {
         OutboxCommand::Redrive { id: Some(id), .. } => {
             let n = db
-                .run(async |c| outbox::store::redrive_one(c, db.statements(), id).await)
+                .run(async |c| outbox::store::redrive_one(c, id).await)
                 .await?;
             println!("re-drove {n} dead events");
         }
         OutboxCommand::Redrive { id: None, .. } => {
             let n = db
-                .run(async |c| outbox::store::redrive_all_dead(c, db.statements()).await)
+                .run(async |c| outbox::store::redrive_all_dead(c).await)
                 .await?;
             println!("re-drove {n} dead events");
         }
         OutboxCommand::Stats => {
             let stats = db
-                .run(async |c| outbox::store::stats(c, db.statements()).await)
+                .run(async |c| outbox::store::stats(c).await)
                 .await?;
             println!("pending {}", stats.pending);
             println!(

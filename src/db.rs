@@ -20,12 +20,17 @@ use std::{
     time::Duration,
 };
 
+use deadpool::managed::{self, Metrics, PoolError, RecycleError, RecycleResult, Timeouts};
 use sqlx::{
-    Connection, PgConnection, PgPool, Postgres, Transaction,
+    Connection, PgConnection, Postgres, SqlSafeStr,
     migrate::Migrator,
-    pool::PoolConnection,
-    postgres::{PgConnectOptions, PgPoolOptions},
+    postgres::{
+        PgArguments, PgConnectOptions, PgPoolOptions, PgRow, PgTransactionManager,
+    },
+    query::{Query, QueryAs, QueryScalar},
 };
+
+use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{Config, Secret};
 
@@ -37,18 +42,18 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 /// hanging.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A pooled connection idle at least this long is pinged before use. sqlx's default
-/// pings on every acquire, a round trip of its own on every request. Under load connections are idle for microseconds and go out unchecked; after
-/// a database restart they have been idle longer than this, so the dead ones are
-/// found and replaced before a request uses them. One that broke within the last
-/// second fails its statement (5xx, the claim given back), and the client's retry
-/// gets a fresh connection.
+/// A pooled connection idle at least this long is pinged before use. Under load
+/// connections are idle for microseconds and go out unchecked; after a database
+/// restart they have been idle longer than this, so the dead ones are found and
+/// replaced before a request uses them. One that broke within the last second fails
+/// its statement (5xx, the claim given back), and the client's retry gets a fresh
+/// connection.
 pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
-/// How statements reach PostgreSQL, part of [`Db`]'s value and handed to every SQL
-/// function with the connection it runs on: prepared by name and kept (directly), or
-/// unnamed and parsed each time (behind a transaction pooler, where a name prepared on
-/// one server connection would be looked for on another).
+/// How statements reach PostgreSQL: prepared by name and kept (directly), or unnamed
+/// and parsed each time (behind a transaction pooler, where a name prepared on one
+/// server connection would be looked for on another). Part of [`Db`]'s value and of
+/// every [`Sql`] it hands out, so no statement can be sent the other way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Statements {
     named: bool,
@@ -59,18 +64,110 @@ impl Statements {
     pub const NAMED: Statements = Statements { named: true };
     /// Behind a transaction pooler.
     pub const UNNAMED: Statements = Statements { named: false };
+}
 
-    /// What `query(...).persistent(...)` takes.
-    pub fn named(self) -> bool {
-        self.named
+/// The one way orderd's SQL runs: a connection (or a transaction on one) together with
+/// how its statements are sent. A store function takes a `&mut Sql` and builds its
+/// statements with [`Sql::query`], [`Sql::query_as`] or [`Sql::query_scalar`], which
+/// carry the statement mode, and runs them on [`Sql::conn`]; `tests/architecture.rs`
+/// fails when SQL is sent any other way from `src/`.
+pub struct Sql<'c> {
+    conn: &'c mut PgConnection,
+    statements: Statements,
+}
+
+impl<'c> Sql<'c> {
+    /// Statements on `conn`, sent as `statements` says.
+    pub fn new(conn: &'c mut PgConnection, statements: Statements) -> Self {
+        Self { conn, statements }
+    }
+
+    /// Statements on a direct connection (tests and tools).
+    pub fn direct(conn: &'c mut PgConnection) -> Self {
+        Self::new(conn, Statements::NAMED)
+    }
+
+    /// A statement returning rows or nothing.
+    pub fn query<'a>(&self, sql: impl SqlSafeStr) -> Query<'a, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(self.statements.named)
+    }
+
+    /// A statement whose rows become `O`.
+    pub fn query_as<'a, O>(&self, sql: impl SqlSafeStr) -> QueryAs<'a, Postgres, O, PgArguments>
+    where
+        O: for<'r> sqlx::FromRow<'r, PgRow>,
+    {
+        sqlx::query_as(sql).persistent(self.statements.named)
+    }
+
+    /// A statement whose rows are one value each.
+    pub fn query_scalar<'a, O>(
+        &self,
+        sql: impl SqlSafeStr,
+    ) -> QueryScalar<'a, Postgres, O, PgArguments>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, PgRow>,
+    {
+        sqlx::query_scalar(sql).persistent(self.statements.named)
+    }
+
+    /// Where the statements built here run.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        self.conn
+    }
+
+    /// How this connection's statements are sent.
+    pub fn statements(&self) -> Statements {
+        self.statements
     }
 }
 
+/// One pooled connection, and whether its last user finished with it cleanly.
+pub struct Session {
+    conn: PgConnection,
+    /// Set when a [`Conn`] was dropped before [`Conn::done`]: a cancelled request may
+    /// have left a statement running or a reply unread, so the next user pings it
+    /// first (which waits for whatever is pending).
+    unsettled: bool,
+}
+
+/// Opens the pool's connections and checks the ones taken out again. A connection
+/// handed back goes straight back in line: no round trip, unlike sqlx's own pool,
+/// whose ping on every release cost the create about a tenth of its throughput at 8
+/// connections (docs/adr). A transaction left open is rolled back by the statement
+/// sqlx queues for it, sent ahead of the next user's first statement.
+struct Connector {
+    options: PgConnectOptions,
+}
+
+impl managed::Manager for Connector {
+    type Type = Session;
+    type Error = sqlx::Error;
+
+    async fn create(&self) -> Result<Session, sqlx::Error> {
+        Ok(Session {
+            conn: PgConnection::connect_with(&self.options).await?,
+            unsettled: false,
+        })
+    }
+
+    async fn recycle(&self, session: &mut Session, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
+        if session.unsettled || metrics.last_used() >= PING_IF_IDLE_FOR {
+            // An error drops this one; the pool then hands out another or opens one.
+            session.conn.ping().await.map_err(RecycleError::Backend)?;
+            session.unsettled = false;
+        }
+        Ok(())
+    }
+}
+
+type Pool = managed::Pool<Connector>;
+
 /// The process's database: the pool and how statements reach it. Every connection a
-/// request uses comes from here, through sqlx's own pool.
-#[derive(Clone, Debug)]
+/// request uses comes from here.
+#[derive(Clone)]
 pub struct Db {
-    pool: PgPool,
+    pool: Pool,
     /// Behind a transaction pooler: every statement in an explicit transaction, none
     /// of them named.
     pooled: bool,
@@ -78,8 +175,33 @@ pub struct Db {
     begin: Arc<str>,
 }
 
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("status", &self.pool.status())
+            .field("pooled", &self.pooled)
+            .finish()
+    }
+}
+
 impl Db {
-    fn new(pool: PgPool, pooled: bool, statement_timeout: Duration) -> Self {
+    fn new(
+        options: PgConnectOptions,
+        size: u32,
+        pooled: bool,
+        statement_timeout: Duration,
+    ) -> Self {
+        let timeouts = Timeouts {
+            wait: Some(ACQUIRE_TIMEOUT),
+            create: Some(ACQUIRE_TIMEOUT),
+            recycle: Some(ACQUIRE_TIMEOUT),
+        };
+        let pool = Pool::builder(Connector { options })
+            .max_size(size as usize)
+            .timeouts(timeouts)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .expect("a pool with a runtime and a size");
         Self {
             pool,
             pooled,
@@ -87,13 +209,14 @@ impl Db {
         }
     }
 
-    /// A database reached directly through `pool` (tests and tools).
-    pub fn direct(pool: PgPool, statement_timeout: Duration) -> Self {
-        Self::new(pool, false, statement_timeout)
+    /// A database of `size` connections reached directly at `options`, opened as they
+    /// are needed (tests and tools).
+    pub fn direct(options: PgConnectOptions, size: u32, statement_timeout: Duration) -> Self {
+        Self::new(options, size, false, statement_timeout)
     }
 
     /// How this database's statements are sent.
-    pub fn statements(&self) -> Statements {
+    fn statements(&self) -> Statements {
         if self.pooled {
             Statements::UNNAMED
         } else {
@@ -101,69 +224,106 @@ impl Db {
         }
     }
 
-    /// The pool itself, for tools that run their own statements on it (benchmarks,
-    /// tests); the service's code goes through [`Db::conn`], [`Db::run`] and
-    /// [`Db::begin`].
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// Statements on `conn` (a connection or a transaction from this database), sent
+    /// this database's way.
+    pub fn sql<'c>(&self, conn: &'c mut PgConnection) -> Sql<'c> {
+        Sql::new(conn, self.statements())
+    }
+
+    /// Connections open and idle in the pool (tests, diagnostics).
+    pub fn idle(&self) -> usize {
+        self.pool.status().available
+    }
+
+    async fn session(&self) -> sqlx::Result<managed::Object<Connector>> {
+        self.pool.get().await.map_err(|e| match e {
+            PoolError::Timeout(_) => sqlx::Error::PoolTimedOut,
+            PoolError::Backend(e) => e,
+            PoolError::Closed => sqlx::Error::PoolClosed,
+            other => sqlx::Error::Protocol(other.to_string()),
+        })
     }
 
     /// A connection for one or a few statements: a plain pooled connection directly,
     /// a short transaction behind a pooler. Call [`Conn::done`] when finished.
     pub async fn conn(&self) -> sqlx::Result<Conn> {
         if self.pooled {
-            Ok(Conn(ConnKind::Tx(self.begin().await?)))
+            self.begin().await
         } else {
-            Ok(Conn(ConnKind::Direct(self.pool.acquire().await?)))
+            Ok(Conn {
+                session: self.session().await?,
+                in_transaction: false,
+                done: false,
+                statements: self.statements(),
+            })
         }
     }
 
     /// Runs `work` (a statement or a few) on a connection from [`Db::conn`].
     pub async fn run<T>(
         &self,
-        work: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
+        work: impl AsyncFnOnce(&mut Sql<'_>) -> sqlx::Result<T>,
     ) -> sqlx::Result<T> {
         let mut conn = self.conn().await?;
-        let out = work(&mut conn).await?;
+        let out = work(&mut conn.sql()).await?;
         conn.done().await?;
         Ok(out)
     }
 
-    /// A transaction with the statement timeouts set for it.
-    pub async fn begin(&self) -> sqlx::Result<Transaction<'static, Postgres>> {
-        self.pool
-            .begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
-            .await
+    /// A transaction with the statement timeouts set for it, on a connection of its
+    /// own; [`Conn::commit`] commits it, dropping it rolls it back.
+    pub async fn begin(&self) -> sqlx::Result<Conn> {
+        let mut conn = Conn {
+            session: self.session().await?,
+            in_transaction: false,
+            done: false,
+            statements: self.statements(),
+        };
+        self.begin_in(&mut conn).await?;
+        Ok(conn)
     }
 
-    /// The same transaction as [`Db::begin`], on a connection the caller already holds.
-    pub async fn begin_on<'c>(
-        &self,
-        conn: &'c mut PgConnection,
-    ) -> sqlx::Result<Transaction<'c, Postgres>> {
-        conn.begin_with(sqlx::AssertSqlSafe(self.begin.to_string()))
-            .await
+    /// The same transaction as [`Db::begin`], on a connection the caller already holds
+    /// (one from [`Db::conn`] that autocommits); [`Conn::commit`] then commits it and
+    /// hands the connection back.
+    pub async fn begin_in(&self, conn: &mut Conn) -> sqlx::Result<()> {
+        let statement = sqlx::AssertSqlSafe(self.begin.to_string()).into_sql_str();
+        PgTransactionManager::begin(&mut conn.session.conn, Some(statement)).await?;
+        conn.in_transaction = true;
+        Ok(())
     }
 }
 
-/// A connection from [`Db::conn`].
-pub struct Conn(ConnKind);
-
-enum ConnKind {
-    Direct(PoolConnection<Postgres>),
-    Tx(Transaction<'static, Postgres>),
+/// A connection from [`Db::conn`] or a transaction from [`Db::begin`].
+pub struct Conn {
+    session: managed::Object<Connector>,
+    in_transaction: bool,
+    done: bool,
+    statements: Statements,
 }
 
 impl Conn {
     /// Ends the connection's use after its last statement completed: commits the
-    /// transaction behind a pooler; hands a direct connection back to the pool.
-    /// Dropping a `Conn` instead rolls that transaction back (a direct connection goes
-    /// back to the pool either way).
-    pub async fn done(self) -> sqlx::Result<()> {
-        match self.0 {
-            ConnKind::Direct(_) => Ok(()),
-            ConnKind::Tx(tx) => tx.commit().await,
+    /// transaction, if there is one, and hands the connection back to the pool.
+    /// Dropping a `Conn` instead rolls that transaction back.
+    pub async fn done(mut self) -> sqlx::Result<()> {
+        if self.in_transaction {
+            PgTransactionManager::commit(&mut self.session.conn).await?;
+            self.in_transaction = false;
         }
+        self.done = true;
+        Ok(())
+    }
+
+    /// Commits the transaction from [`Db::begin`] (the same as [`Conn::done`]).
+    pub async fn commit(self) -> sqlx::Result<()> {
+        self.done().await
+    }
+
+    /// Statements on this connection.
+    pub fn sql(&mut self) -> Sql<'_> {
+        let statements = self.statements;
+        Sql::new(&mut self.session.conn, statements)
     }
 
     /// Whether each statement on this connection has committed by the time it answers
@@ -171,7 +331,19 @@ impl Conn {
     /// a connection can carry on to the next step of a request instead of being handed
     /// back: a write that holds a claim then never waits for a connection.
     pub fn autocommits(&self) -> bool {
-        matches!(self.0, ConnKind::Direct(..))
+        !self.in_transaction
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.in_transaction {
+            // Queued, and sent ahead of the next user's first statement.
+            PgTransactionManager::start_rollback(&mut self.session.conn);
+        }
+        if !self.done {
+            self.session.unsettled = true;
+        }
     }
 }
 
@@ -179,19 +351,13 @@ impl Deref for Conn {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        match &self.0 {
-            ConnKind::Direct(conn) => conn,
-            ConnKind::Tx(tx) => tx,
-        }
+        &self.session.conn
     }
 }
 
 impl DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        match &mut self.0 {
-            ConnKind::Direct(conn) => conn,
-            ConnKind::Tx(tx) => tx,
-        }
+        &mut self.session.conn
     }
 }
 
@@ -239,24 +405,9 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
     // One plain connection first: its error says what is wrong, where the pool's
     // would only say that it timed out.
     let first = open(&options, "DATABASE_URL").await?;
+    let db = Db::new(options, size, pooled, config.db_statement_timeout);
     let _ = first.close().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for < PING_IF_IDLE_FOR {
-                    return Ok(true);
-                }
-                // `false` closes it; the pool then hands out another or opens one.
-                Ok(conn.ping().await.is_ok())
-            })
-        })
-        .connect_with(options.clone())
-        .await
-        .map_err(|e| explain(e, &options, "DATABASE_URL"))?;
-    Ok(Db::new(pool, pooled, config.db_statement_timeout))
+    Ok(db)
 }
 
 /// What a `LISTEN` heard.
@@ -401,15 +552,6 @@ fn connect_options(url: &Secret) -> anyhow::Result<PgConnectOptions> {
     url.parse::<PgConnectOptions>().map_err(|_| malformed())
 }
 
-/// Opens a pool on `url`, with no timeouts (tests and tools).
-pub async fn connect(url: &str, max_connections: u32) -> sqlx::Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect(url)
-        .await
-}
-
 /// The `BEGIN` of every transaction orderd opens: the timeouts as `SET LOCAL`, sent in
 /// the same round trip (one simple query).
 pub fn begin_statement(statement_timeout: Duration) -> String {
@@ -427,10 +569,9 @@ pub fn begin_statement(statement_timeout: Duration) -> String {
 /// operator's to turn back on.
 pub async fn check_autovacuum(db: &Db) -> sqlx::Result<bool> {
     let setting: String = db
-        .run(async |c| {
-            sqlx::query_scalar("SELECT current_setting('autovacuum')")
-                .persistent(db.statements().named())
-                .fetch_one(c)
+        .run(async |sql| {
+            sql.query_scalar("SELECT current_setting('autovacuum')")
+                .fetch_one(sql.conn())
                 .await
         })
         .await?;
@@ -448,14 +589,7 @@ pub async fn check_autovacuum(db: &Db) -> sqlx::Result<bool> {
 /// Whether the database answers a trivial query within two seconds (the readiness
 /// probe).
 pub async fn ping(db: &Db) -> anyhow::Result<()> {
-    let probe = async {
-        let mut conn = db.conn().await?;
-        sqlx::query("SELECT 1")
-            .persistent(db.statements().named())
-            .execute(&mut *conn)
-            .await?;
-        conn.done().await
-    };
+    let probe = db.run(async |sql| sql.query("SELECT 1").execute(sql.conn()).await);
     tokio::time::timeout(Duration::from_secs(2), probe)
         .await
         .map_err(|_| anyhow::anyhow!("the database did not answer within 2 s"))??;

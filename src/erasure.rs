@@ -18,12 +18,12 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use sqlx::{PgExecutor, postgres::PgConnectOptions};
+use sqlx::postgres::PgConnectOptions;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    db::{self, Db, Heard},
+    db::{self, Db, Heard, Sql},
     tenant::TenantId,
 };
 
@@ -47,18 +47,18 @@ const UNMARK: &str =
 const LIST: &str = "SELECT tenant_id FROM tenant_erasure";
 
 /// Marks `tenant` as being erased (see [`MARK`]).
-pub async fn mark(db: impl PgExecutor<'_>, tenant: TenantId, actor: &str) -> sqlx::Result<()> {
-    sqlx::query(MARK)
+pub async fn mark(c: &mut Sql<'_>, tenant: TenantId, actor: &str) -> sqlx::Result<()> {
+    c.query(MARK)
         .bind(tenant.0)
         .bind(actor)
-        .execute(db)
+        .execute(c.conn())
         .await?;
     Ok(())
 }
 
 /// Ends `tenant`'s erasure (see [`UNMARK`]).
-pub async fn unmark(db: impl PgExecutor<'_>, tenant: TenantId) -> sqlx::Result<()> {
-    sqlx::query(UNMARK).bind(tenant.0).execute(db).await?;
+pub async fn unmark(c: &mut Sql<'_>, tenant: TenantId) -> sqlx::Result<()> {
+    c.query(UNMARK).bind(tenant.0).execute(c.conn()).await?;
     Ok(())
 }
 
@@ -80,7 +80,7 @@ impl Erasures {
     /// Reads the set from the table; returns it.
     pub async fn reload(&self, db: &Db) -> sqlx::Result<HashSet<Uuid>> {
         let tenants: HashSet<Uuid> = db
-            .run(async |c| sqlx::query_scalar(LIST).fetch_all(c).await)
+            .run(async |c| c.query_scalar(LIST).fetch_all(c.conn()).await)
             .await?
             .into_iter()
             .collect();

@@ -181,11 +181,11 @@ pub async fn erase(
         loop {
             let (n, until): (i64, Option<DateTime<Utc>>) = db
                 .run(async |c| {
-                    sqlx::query_as(outbox::store::ERASE_TENANT_BATCH)
+                    c.query_as(outbox::store::ERASE_TENANT_BATCH)
                         .bind(tenant.0)
                         .bind(batch)
                         .bind(lease_ms)
-                        .fetch_one(c)
+                        .fetch_one(c.conn())
                         .await
                 })
                 .await?;
@@ -201,10 +201,10 @@ pub async fn erase(
             loop {
                 let n = db
                     .run(async |c| {
-                        let done = sqlx::query(table.erase_batch())
+                        let done = c.query(table.erase_batch())
                             .bind(tenant.0)
                             .bind(batch)
-                            .execute(c)
+                            .execute(c.conn())
                             .await?;
                         Ok(done.rows_affected())
                     })
@@ -231,11 +231,11 @@ pub async fn erase(
     if let Some(until) = published_until {
         let wait: f64 = db
             .run(async |c| {
-                sqlx::query_scalar(
+                c.query_scalar(
                     "SELECT greatest(0, extract(epoch FROM $1 - clock_timestamp()))::float8",
                 )
                 .bind(until)
-                .fetch_one(c)
+                .fetch_one(c.conn())
                 .await
             })
             .await?;
@@ -266,9 +266,9 @@ async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
     ] {
         left += db
             .run(async |c| {
-                sqlx::query_scalar::<_, i64>(sql)
+                c.query_scalar::<i64>(sql)
                     .bind(tenant.0)
-                    .fetch_one(c)
+                    .fetch_one(c.conn())
                     .await
             })
             .await?;
@@ -281,8 +281,8 @@ async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
 async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
     let snapshot: String = db
         .run(async |c| {
-            sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-                .fetch_one(c)
+            c.query_scalar("SELECT pg_current_snapshot()::text")
+                .fetch_one(c.conn())
                 .await
         })
         .await?;
@@ -291,12 +291,12 @@ async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
     loop {
         let running: i64 = db
             .run(async |c| {
-                sqlx::query_scalar(
+                c.query_scalar(
                     "SELECT count(*) FROM pg_snapshot_xip($1::pg_snapshot) x
                      WHERE pg_xact_status(x) = 'in progress'",
                 )
                 .bind(&snapshot)
-                .fetch_one(c)
+                .fetch_one(c.conn())
                 .await
             })
             .await?;

@@ -15,7 +15,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -140,15 +139,14 @@ async fn check_orders(
     loop {
         let after = cursor;
         let rows = db
-            .run(async |c: &mut PgConnection| {
-                sqlx::query_as::<_, (Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL)
-                    .persistent(db.statements().named())
+            .run(async |sql| {
+                sql.query_as::<(Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL)
                     .bind(window_secs)
                     .bind(after.0)
                     .bind(after.1)
                     .bind(after.2)
                     .bind(batch)
-                    .fetch_all(c)
+                    .fetch_all(sql.conn())
                     .await
             })
             .await?;
@@ -185,15 +183,14 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
     loop {
         let after = cursor.clone();
         let rows = db
-            .run(async |c: &mut PgConnection| {
-                sqlx::query_as::<_, (Uuid, String, String, DateTime<Utc>, bool)>(KEYS_BATCH_SQL)
-                    .persistent(db.statements().named())
+            .run(async |sql| {
+                sql.query_as::<(Uuid, String, String, DateTime<Utc>, bool)>(KEYS_BATCH_SQL)
                     .bind(after.0)
                     .bind(after.1)
                     .bind(&after.2)
                     .bind(&after.3)
                     .bind(batch)
-                    .fetch_all(c)
+                    .fetch_all(sql.conn())
                     .await
             })
             .await?;

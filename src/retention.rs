@@ -28,12 +28,12 @@ pub struct IdempotencyPurge {
 pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<IdempotencyPurge> {
     Ok(IdempotencyPurge {
         expired_keys: in_batches(batch, || {
-            db.run(async |c| store::purge_expired(c, db.statements(), batch).await)
+            db.run(async |c| store::purge_expired(c, batch).await)
         })
         .await?,
         abandoned_claims: in_batches(batch, || {
             db.run(async |c| {
-                store::purge_abandoned(c, db.statements(), ABANDONED_GRACE_SECS, batch).await
+                store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await
             })
         })
         .await?,
@@ -46,7 +46,7 @@ pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx
     let retention_secs = retention.as_secs() as i64;
     in_batches(batch, || {
         db.run(async |c| {
-            outbox::store::purge_published(c, db.statements(), retention_secs, batch).await
+            outbox::store::purge_published(c, retention_secs, batch).await
         })
     })
     .await

@@ -299,3 +299,49 @@ fn grouped_imports_are_read_at_their_first_level() {
         .collect();
     assert_eq!(found, want);
 }
+
+/// Every `.rs` file under `src/`.
+fn all_sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![Path::new(ROOT).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// SQL reaches PostgreSQL one way, through `db::Sql`, which carries the statement mode
+/// (named directly, unnamed behind a transaction pooler): a statement built anywhere
+/// else could be sent the wrong way and would fail only behind PgBouncer.
+#[test]
+fn sql_is_sent_only_through_the_executor() {
+    let mut found = Vec::new();
+    for file in all_sources() {
+        if file.ends_with("src/db.rs") {
+            continue;
+        }
+        let text = without_tests(&fs::read_to_string(&file).unwrap());
+        for needle in [
+            "sqlx::query",
+            "sqlx::raw_sql",
+            ".persistent(",
+            "Statements::",
+        ] {
+            if text.contains(needle) {
+                found.push(format!("{}: {needle}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "build statements with db::Sql instead:\n{}",
+        found.join("\n")
+    );
+}

@@ -27,7 +27,6 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use self::{
@@ -44,7 +43,7 @@ pub use self::{
 };
 use crate::{
     config::IdempotencyConfig,
-    db::{Conn, Db},
+    db::{Conn, Db, Sql},
     metrics::{self, label_enum},
     telemetry,
 };
@@ -179,7 +178,7 @@ impl Guard {
         operation: F,
     ) -> Result<Answer, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
+        F: for<'c> FnOnce(Sql<'c>, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let result = self
             .run_inner(scope, &fingerprint, async |fence, conn| {
@@ -202,7 +201,7 @@ impl Guard {
         operation: F,
     ) -> Result<Answer, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
+        F: for<'c> FnOnce(Sql<'c>, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
         let result = self
             .run_inner(scope, &fingerprint, async |fence, conn| {
@@ -288,13 +287,12 @@ impl Guard {
             let sent = Instant::now();
             let found = if row_exists {
                 self.db
-                    .run(async |c| store::read(c, self.db.statements(), scope).await)
+                    .run(async |c| store::read(c, scope).await)
                     .await?
             } else {
                 let mut conn = self.db.conn().await?;
                 let found = store::claim_or_read(
-                    &mut *conn,
-                    self.db.statements(),
+                    &mut conn.sql(),
                     scope,
                     fingerprint,
                     owner,
@@ -357,7 +355,6 @@ impl Guard {
                         .run(async |c| {
                             store::reclaim_expired(
                                 c,
-                                self.db.statements(),
                                 scope,
                                 fingerprint,
                                 owner,
@@ -381,7 +378,6 @@ impl Guard {
                         .run(async |c| {
                             store::take_over_expired_lease(
                                 c,
-                                self.db.statements(),
                                 scope,
                                 seen_owner,
                                 owner,
@@ -423,28 +419,30 @@ impl Guard {
     async fn execute<E, F>(
         &self,
         fence: Fence<'_>,
-        mut conn: Option<Conn>,
+        conn: Option<Conn>,
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection, DateTime<Utc>) -> TxFuture<'c, E> + Send,
+        F: for<'c> FnOnce(Sql<'c>, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
-        let mut tx = match &mut conn {
-            Some(conn) => self.db.begin_on(conn).await?,
+        // The claim's connection carries on into the transaction; without one, a
+        // transaction on a connection from the pool.
+        let mut tx = match conn {
+            Some(mut conn) => {
+                self.db.begin_in(&mut conn).await?;
+                conn
+            }
             None => self.db.begin().await?,
         };
-        let response = operation(&mut tx, fence.at)
+        let response = operation(tx.sql(), fence.at)
             .await
             .map_err(GuardError::Operation)?;
-        if !store::complete(&mut tx, self.db.statements(), &fence, &response).await? {
+        if !store::complete(&mut tx.sql(), &fence, &response).await? {
             // Dropping `tx` rolls back everything this request wrote.
             drop(tx);
             return Err(self.lease_lost(fence.scope));
         }
         tx.commit().await?;
-        if let Some(conn) = conn {
-            conn.done().await?;
-        }
         Ok(response)
     }
 
@@ -457,13 +455,13 @@ impl Guard {
         operation: F,
     ) -> Result<StoredResponse, GuardError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection, Fence<'c>) -> StatementFuture<'c, E> + Send,
+        F: for<'c> FnOnce(Sql<'c>, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
         let mut conn = match conn {
             Some(conn) => conn,
             None => self.db.conn().await?,
         };
-        let written = operation(&mut conn, fence)
+        let written = operation(conn.sql(), fence)
             .await
             .map_err(GuardError::Operation)?;
         let Some(response) = written else {
@@ -560,7 +558,7 @@ impl Drop for ReleaseOnDrop {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if let Err(e) = db
-                    .run(async |c| store::release(c, db.statements(), &scope, owner).await)
+                    .run(async |c| store::release(c, &scope, owner).await)
                     .await
                 {
                     // The lease still expires, after which a retry takes the key over.

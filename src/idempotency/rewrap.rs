@@ -150,7 +150,7 @@ async fn walk(
     let mut cursor: RecordKey = (Uuid::nil(), String::new(), String::new());
     loop {
         let mut tx = db.begin().await?;
-        let rows = store::not_sealed_under(&mut tx, target, &cursor, batch).await?;
+        let rows = store::not_sealed_under(&mut tx.sql(), target, &cursor, batch).await?;
         let Some(last) = rows.last() else {
             tx.commit().await?;
             return Ok(cannot);
@@ -187,7 +187,7 @@ async fn walk(
             }
         }
         let asked = resealed.len() as u64;
-        let written = store::reseal(&mut tx, target, resealed).await?;
+        let written = store::reseal(&mut tx.sql(), target, resealed).await?;
         tx.commit().await?;
         // Every row was locked by this transaction, so each one was written.
         debug_assert_eq!(asked, written);

@@ -16,7 +16,7 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres, postgres::PgArguments, query::Query};
+use sqlx::{Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::{
@@ -25,7 +25,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::Statements;
+use crate::db::Sql;
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -335,19 +335,19 @@ pub type RecordKey = (Uuid, String, String);
 /// Reads and locks up to `batch` completed records not sealed under `key_id` with the
 /// layout `version`, after `cursor` (see [`NOT_SEALED_UNDER`]).
 pub async fn not_sealed_under(
-    tx: &mut PgConnection,
+    sql: &mut Sql<'_>,
     (key_id, version): (&str, i16),
     cursor: &RecordKey,
     batch: i64,
 ) -> sqlx::Result<Vec<SealedRecord>> {
-    sqlx::query_as(NOT_SEALED_UNDER)
+    sql.query_as(NOT_SEALED_UNDER)
         .bind(key_id)
         .bind(cursor.0)
         .bind(&cursor.1)
         .bind(&cursor.2)
         .bind(batch)
         .bind(version)
-        .fetch_all(&mut *tx)
+        .fetch_all(sql.conn())
         .await
 }
 
@@ -365,15 +365,15 @@ pub struct NotSealed {
 /// Up to `limit` of the completed records still not sealed under `key_id` with the
 /// layout `version`, each with the total (see [`STILL_NOT_SEALED`]).
 pub async fn still_not_sealed(
-    db: impl PgExecutor<'_>,
+    sql: &mut Sql<'_>,
     (key_id, version): (&str, i16),
     limit: i64,
 ) -> sqlx::Result<Vec<NotSealed>> {
-    sqlx::query_as(STILL_NOT_SEALED)
+    sql.query_as(STILL_NOT_SEALED)
         .bind(key_id)
         .bind(version)
         .bind(limit)
-        .fetch_all(db)
+        .fetch_all(sql.conn())
         .await
 }
 
@@ -390,7 +390,7 @@ pub struct Resealed {
 /// Stores the new bodies under `key_id` with the layout `version` (see [`RESEAL`]);
 /// returns how many.
 pub async fn reseal(
-    tx: &mut PgConnection,
+    sql: &mut Sql<'_>,
     (key_id, version): (&str, i16),
     rows: Vec<Resealed>,
 ) -> sqlx::Result<u64> {
@@ -412,7 +412,7 @@ pub async fn reseal(
         was.push(row.was);
         was_versions.push(row.was_version);
     }
-    let done = sqlx::query(RESEAL)
+    let done = sql.query(RESEAL)
         .bind(key_id)
         .bind(tenants)
         .bind(endpoints)
@@ -421,7 +421,7 @@ pub async fn reseal(
         .bind(was)
         .bind(version)
         .bind(was_versions)
-        .execute(&mut *tx)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -508,22 +508,20 @@ pub enum ClaimOrRead {
 
 /// Claims an unknown key for `owner`, or reads the record that holds it.
 pub async fn claim_or_read(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     scope: &Scope,
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
-    let row: Option<ClaimRow> = sqlx::query_as(CLAIM_OR_READ)
-        .persistent(statements.named())
+    let row: Option<ClaimRow> = sql.query_as(CLAIM_OR_READ)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(fingerprint.as_bytes())
         .bind(owner)
         .bind(lease_ms)
-        .fetch_optional(db)
+        .fetch_optional(sql.conn())
         .await?;
     Ok(match row {
         None => ClaimOrRead::Unseen,
@@ -537,16 +535,14 @@ pub async fn claim_or_read(
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
 pub async fn read(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     scope: &Scope,
 ) -> sqlx::Result<Option<Record>> {
-    let row: Option<Row> = sqlx::query_as(READ)
-        .persistent(statements.named())
+    let row: Option<Row> = sql.query_as(READ)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
-        .fetch_optional(db)
+        .fetch_optional(sql.conn())
         .await?;
     row.map(Row::into_record).transpose()
 }
@@ -555,91 +551,82 @@ pub async fn read(
 /// still owned by `seen_owner` and its lease has passed, so of several contenders
 /// exactly one wins.
 pub async fn take_over_expired_lease(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     scope: &Scope,
     seen_owner: Uuid,
     new_owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar(TAKE_OVER)
-        .persistent(statements.named())
+    sql.query_scalar(TAKE_OVER)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(new_owner)
         .bind(lease_ms)
         .bind(seen_owner)
-        .fetch_optional(db)
+        .fetch_optional(sql.conn())
         .await
 }
 
 /// Re-claims a COMPLETED key past its retention as a fresh PROCESSING claim (possibly
 /// for a different request: an expired key is a new key).
 pub async fn reclaim_expired(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     scope: &Scope,
     fingerprint: &Fingerprint,
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar(RECLAIM)
-        .persistent(statements.named())
+    sql.query_scalar(RECLAIM)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(fingerprint.as_bytes())
         .bind(owner)
         .bind(lease_ms)
-        .fetch_optional(db)
+        .fetch_optional(sql.conn())
         .await
 }
 
 /// The fenced completion, run as the last statement of the business transaction.
 /// False means ownership was lost and the caller must roll back.
 pub async fn complete(
-    tx: &mut PgConnection,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     fence: &Fence<'_>,
     response: &StoredResponse,
 ) -> sqlx::Result<bool> {
-    let query = sqlx::query(COMPLETE.as_str()).persistent(statements.named());
+    let query = sql.query(COMPLETE.as_str());
     let done = Completion::new(fence, response)?
         .bind(query)
-        .execute(&mut *tx)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.
 pub async fn release(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     scope: &Scope,
     owner: Uuid,
 ) -> sqlx::Result<()> {
-    sqlx::query(RELEASE)
-        .persistent(statements.named())
+    sql.query(RELEASE)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .bind(owner)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(())
 }
 
 /// Deletes up to `batch` completed keys past retention; returns how many.
 pub async fn purge_expired(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(PURGE_EXPIRED)
-        .persistent(statements.named())
+    let done = sql.query(PURGE_EXPIRED)
         .bind(batch)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -647,16 +634,14 @@ pub async fn purge_expired(
 /// Deletes up to `batch` PROCESSING claims whose lease ran out more than `grace_secs`
 /// ago and that no retry took over; returns how many.
 pub async fn purge_abandoned(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     grace_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(PURGE_ABANDONED)
-        .persistent(statements.named())
+    let done = sql.query(PURGE_ABANDONED)
         .bind(grace_secs)
         .bind(batch)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }

@@ -5,12 +5,12 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor, Postgres, postgres::PgArguments, query::Query};
+use sqlx::{Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    db::Statements,
+    db::Sql,
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
@@ -82,8 +82,7 @@ fn bind_order<'q>(
 /// completes the record `fence` names with `response`, all or nothing. False when the
 /// fence no longer held (another request took the key over): nothing was written.
 pub async fn create(
-    conn: &mut PgConnection,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     fence: &Fence<'_>,
     response: &StoredResponse,
     order: &Order,
@@ -92,45 +91,42 @@ pub async fn create(
     let tenant = fence.scope.tenant;
     let event = event(tenant, EventType::OrderCreated, order, trace);
     let row = EventRow::new(&event);
-    let query = sqlx::query(CREATE.as_str()).persistent(statements.named());
+    let query = sql.query(CREATE.as_str());
     let query = Completion::new(fence, response)?.bind(query);
     let done = row
         .bind(bind_order(query, tenant, order))
-        .execute(&mut *conn)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Cancels the order; a second cancel returns it unchanged and emits nothing.
 pub async fn cancel(
-    tx: &mut PgConnection,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     tenant: TenantId,
     id: Uuid,
     trace: Option<&TraceContext>,
 ) -> sqlx::Result<CancelOutcome> {
     // The row lock taken here serialises concurrent changes of one order, which is
     // what makes `version` (and so event order) follow commit order.
-    let cancelled: Option<Order> = sqlx::query_as(concat!(
+    let cancelled: Option<Order> = sql.query_as(concat!(
         "UPDATE orders SET status = 'CANCELLED', version = version + 1, updated_at = clock_timestamp()
          WHERE tenant_id = $1 AND id = $2 AND status = 'CREATED'
          RETURNING ", columns!(), ""
     ))
-        .persistent(statements.named())
     .bind(tenant.0)
     .bind(id)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(sql.conn())
     .await?;
     if let Some(order) = cancelled {
         outbox::writer::append(
-            tx,
-            statements,
+            sql,
             &event(tenant, EventType::OrderCancelled, &order, trace),
         )
         .await?;
         return Ok(CancelOutcome::Cancelled(order));
     }
-    Ok(match get(&mut *tx, statements, tenant, id).await? {
+    Ok(match get(sql, tenant, id).await? {
         Some(order) => CancelOutcome::AlreadyCancelled(order),
         None => CancelOutcome::NotFound,
     })
@@ -157,20 +153,18 @@ fn event(
 
 /// One order of this tenant.
 pub async fn get(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     tenant: TenantId,
     id: Uuid,
 ) -> sqlx::Result<Option<Order>> {
-    sqlx::query_as(concat!(
+    sql.query_as(concat!(
         "SELECT ",
         columns!(),
         " FROM orders WHERE tenant_id = $1 AND id = $2"
     ))
-    .persistent(statements.named())
     .bind(tenant.0)
     .bind(id)
-    .fetch_optional(db)
+    .fetch_optional(sql.conn())
     .await
 }
 
@@ -199,29 +193,26 @@ pub const LIST_AFTER: &str = concat!(
 
 /// Newest first, keyset-paginated on `(created_at, id)`; returns up to `limit` orders.
 pub async fn list(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     tenant: TenantId,
     limit: i64,
     after: Option<PageAfter>,
 ) -> sqlx::Result<Vec<Order>> {
     match after {
         None => {
-            sqlx::query_as(LIST_FIRST)
-                .persistent(statements.named())
+            sql.query_as(LIST_FIRST)
                 .bind(tenant.0)
                 .bind(limit)
-                .fetch_all(db)
+                .fetch_all(sql.conn())
                 .await
         }
         Some(after) => {
-            sqlx::query_as(LIST_AFTER)
-                .persistent(statements.named())
+            sql.query_as(LIST_AFTER)
                 .bind(tenant.0)
                 .bind(after.created_at)
                 .bind(after.id)
                 .bind(limit)
-                .fetch_all(db)
+                .fetch_all(sql.conn())
                 .await
         }
     }
@@ -246,26 +237,26 @@ pub const EXPORT_AFTER: &str = concat!(
 /// Up to `limit` of `tenant`'s orders after `after` (oldest first; `None`: from the
 /// first), for an export that holds one page at a time.
 pub async fn export_page(
-    db: impl PgExecutor<'_>,
+    sql: &mut Sql<'_>,
     tenant: TenantId,
     after: Option<PageAfter>,
     limit: i64,
 ) -> sqlx::Result<Vec<Order>> {
     match after {
         None => {
-            sqlx::query_as(EXPORT_FIRST)
+            sql.query_as(EXPORT_FIRST)
                 .bind(tenant.0)
                 .bind(limit)
-                .fetch_all(db)
+                .fetch_all(sql.conn())
                 .await
         }
         Some(after) => {
-            sqlx::query_as(EXPORT_AFTER)
+            sql.query_as(EXPORT_AFTER)
                 .bind(tenant.0)
                 .bind(after.created_at)
                 .bind(after.id)
                 .bind(limit)
-                .fetch_all(db)
+                .fetch_all(sql.conn())
                 .await
         }
     }

@@ -15,7 +15,7 @@ pub const INTERVAL: Duration = Duration::from_secs(2);
 pub async fn run(db: Db, shutdown: CancellationToken) {
     loop {
         match db
-            .run(async |c| store::stats(c, db.statements()).await)
+            .run(async |c| store::stats(c).await)
             .await
         {
             Ok(stats) => {

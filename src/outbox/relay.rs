@@ -198,7 +198,6 @@ impl Relay {
             .run(async |c| {
                 store::claim_due(
                     c,
-                    self.db.statements(),
                     self.config.batch_size as i64,
                     lease_ms,
                     claim,
@@ -262,8 +261,8 @@ impl Relay {
         // event of each order may go.
         self.db
             .run(async |c| {
-                store::mark_published(&mut *c, self.db.statements(), &published, claim).await?;
-                store::mark_failed(&mut *c, self.db.statements(), &failures, claim).await
+                store::mark_published(c, &published, claim).await?;
+                store::mark_failed(c, &failures, claim).await
             })
             .await?;
         if not_sent.is_empty() || !published.is_empty() {
@@ -277,7 +276,7 @@ impl Relay {
             let pause_ms = pause.as_millis() as i64;
             self.db
                 .run(async |c| {
-                    store::put_back(c, self.db.statements(), &not_sent, claim, pause_ms).await
+                    store::put_back(c, &not_sent, claim, pause_ms).await
                 })
                 .await?;
             round.pause = published.is_empty().then_some(pause);
@@ -297,7 +296,7 @@ impl Relay {
             tracing::error!(event_id = %row.event_id, tenant = %row.tenant_id, error = %row.reason, "outbox row cannot be read; set aside as DEAD");
         }
         self.db
-            .run(async |c| store::set_aside(c, self.db.statements(), rows, claim).await)
+            .run(async |c| store::set_aside(c, rows, claim).await)
             .await?;
         Ok(())
     }

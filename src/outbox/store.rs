@@ -6,10 +6,10 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while SNS answers.
 
-use sqlx::{FromRow, PgExecutor, Row, postgres::PgRow};
+use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
-use crate::db::Statements;
+use crate::db::Sql;
 
 /// A claimed event, ready to publish: one row of [`CLAIM_DUE`], read as it is.
 #[derive(Debug, Clone, FromRow)]
@@ -221,8 +221,7 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
 /// Each row is read on its own: one that cannot be read is returned as
 /// [`Unreadable`] and never fails its batch-mates.
 pub async fn claim_due(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
@@ -230,14 +229,13 @@ pub async fn claim_due(
     // Where this round starts walking the tenants: anywhere, so that over the rounds
     // every tenant is visited alike.
     let start = Uuid::new_v4();
-    let rows: Vec<PgRow> = sqlx::query(CLAIM_DUE)
-        .persistent(statements.named())
+    let rows: Vec<PgRow> = sql.query(CLAIM_DUE)
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
         .bind(start)
         .bind(FAIR_TENANTS_PER_CLAIM)
-        .fetch_all(db)
+        .fetch_all(sql.conn())
         .await?;
     let mut claimed = Claimed::default();
     for row in &rows {
@@ -278,8 +276,7 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
 
 /// Marks events acknowledged by SNS, where `claim` still holds them.
 pub async fn mark_published(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     events: &[(Uuid, Uuid)],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
@@ -287,12 +284,11 @@ pub async fn mark_published(
         return Ok(0);
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sqlx::query(MARK_PUBLISHED)
-        .persistent(statements.named())
+    let done = sql.query(MARK_PUBLISHED)
         .bind(tenants)
         .bind(ids)
         .bind(claim)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -300,28 +296,25 @@ pub async fn mark_published(
 /// Puts events whose call failed back in line after `retry_ms`, where `claim` still
 /// holds them.
 pub async fn put_back(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     events: &[(Uuid, Uuid)],
     claim: Uuid,
     retry_ms: i64,
 ) -> sqlx::Result<u64> {
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sqlx::query(PUT_BACK)
-        .persistent(statements.named())
+    let done = sql.query(PUT_BACK)
         .bind(tenants)
         .bind(ids)
         .bind(claim)
         .bind(retry_ms)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
 
 /// Sets unreadable rows aside (see [`SET_ASIDE`]).
 pub async fn set_aside(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     rows: &[Unreadable],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
@@ -331,13 +324,12 @@ pub async fn set_aside(
     let tenants: Vec<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
-    let done = sqlx::query(SET_ASIDE)
-        .persistent(statements.named())
+    let done = sql.query(SET_ASIDE)
         .bind(tenants)
         .bind(ids)
         .bind(reasons)
         .bind(claim)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -359,8 +351,7 @@ pub struct Failure {
 /// Records refused publishes: attempts, last error, next attempt time or DEAD, where
 /// `claim` still holds them.
 pub async fn mark_failed(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     failures: &[Failure],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
@@ -376,8 +367,7 @@ pub async fn mark_failed(
         .iter()
         .map(|f| f.error.chars().take(2000).collect())
         .collect();
-    let done = sqlx::query(MARK_FAILED)
-        .persistent(statements.named())
+    let done = sql.query(MARK_FAILED)
         .bind(tenants)
         .bind(ids)
         .bind(attempts)
@@ -385,7 +375,7 @@ pub async fn mark_failed(
         .bind(retry)
         .bind(errors)
         .bind(claim)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -399,10 +389,9 @@ pub struct Stats {
     pub dead: i64,
 }
 
-pub async fn stats(db: impl PgExecutor<'_>, statements: Statements) -> sqlx::Result<Stats> {
-    let (pending, oldest, dead): (i64, Option<f64>, i64) = sqlx::query_as(STATS)
-        .persistent(statements.named())
-        .fetch_one(db)
+pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
+    let (pending, oldest, dead): (i64, Option<f64>, i64) = sql.query_as(STATS)
+        .fetch_one(sql.conn())
         .await?;
     Ok(Stats {
         pending,
@@ -413,42 +402,36 @@ pub async fn stats(db: impl PgExecutor<'_>, statements: Statements) -> sqlx::Res
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).
 pub async fn redrive_one(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     event_id: Uuid,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(REDRIVE_ONE)
-        .persistent(statements.named())
+    let done = sql.query(REDRIVE_ONE)
         .bind(event_id)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
 
 /// Puts every DEAD event back in line; returns how many.
 pub async fn redrive_all_dead(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(REDRIVE_ALL)
-        .persistent(statements.named())
-        .execute(db)
+    let done = sql.query(REDRIVE_ALL)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }
 
 /// Deletes up to `batch` events published more than `retention_secs` ago.
 pub async fn purge_published(
-    db: impl PgExecutor<'_>,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     retention_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(PURGE_PUBLISHED)
-        .persistent(statements.named())
+    let done = sql.query(PURGE_PUBLISHED)
         .bind(retention_secs)
         .bind(batch)
-        .execute(db)
+        .execute(sql.conn())
         .await?;
     Ok(done.rows_affected())
 }

@@ -7,12 +7,12 @@
 
 use std::sync::LazyLock;
 
-use sqlx::{PgConnection, Postgres, postgres::PgArguments, query::Query};
+use sqlx::{Postgres, postgres::PgArguments, query::Query};
 use uuid::Uuid;
 
 use super::event::NewEvent;
 
-use crate::db::Statements;
+use crate::db::Sql;
 
 /// One event row, as a part of a statement: its `INSERT` numbers its own parameters
 /// from wherever the composing statement puts it, and [`EventRow::bind`] binds them in
@@ -80,13 +80,12 @@ pub static APPEND: LazyLock<String> = LazyLock::new(|| EventRow::insert_sql(1, N
 
 /// Writes one event; returns its `event_id`.
 pub async fn append(
-    tx: &mut PgConnection,
-    statements: Statements,
+    sql: &mut Sql<'_>,
     event: &NewEvent,
 ) -> sqlx::Result<Uuid> {
     let row = EventRow::new(event);
-    row.bind(sqlx::query(APPEND.as_str()).persistent(statements.named()))
-        .execute(&mut *tx)
+    row.bind(sql.query(APPEND.as_str()))
+        .execute(sql.conn())
         .await?;
     Ok(row.event_id)
 }

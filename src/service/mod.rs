@@ -228,11 +228,10 @@ impl Service {
             endpoint: Endpoint::CreateOrder.as_str(),
             key,
         };
-        let statements = self.db.statements();
         let trace = caller.trace().cloned();
         let answer = self
             .guard
-            .run_in_one_statement(&scope, create_fingerprint(&new), move |conn, fence| {
+            .run_in_one_statement(&scope, create_fingerprint(&new), move |mut sql, fence| {
                 Box::pin(
                     async move {
                         let order = orders::Order::created(&new, fence.at);
@@ -241,8 +240,7 @@ impl Service {
                             ..order_answer(201, order.clone())
                         };
                         let written = orders::store::create(
-                            conn,
-                            statements,
+                            &mut sql,
                             &fence,
                             &response,
                             &order,
@@ -276,15 +274,14 @@ impl Service {
             endpoint: Endpoint::CancelOrder.as_str(),
             key,
         };
-        let statements = self.db.statements();
         let trace = caller.trace().cloned();
         let answer = self
             .guard
-            .run(&scope, cancel_fingerprint(id), move |tx, _| {
+            .run(&scope, cancel_fingerprint(id), move |mut sql, _| {
                 Box::pin(
                     async move {
                         Ok::<_, Problem>(
-                            match orders::store::cancel(tx, statements, tenant, id, trace.as_ref())
+                            match orders::store::cancel(&mut sql, tenant, id, trace.as_ref())
                                 .await?
                             {
                                 CancelOutcome::Cancelled(order)
@@ -313,7 +310,7 @@ impl Service {
         let tenant = caller.tenant();
         let found = self
             .db
-            .run(async |c| orders::store::get(c, self.db.statements(), tenant, id).await)
+            .run(async |c| orders::store::get(c, tenant, id).await)
             .instrument(db_span("get order"))
             .await?;
         match found {
@@ -348,7 +345,7 @@ impl Service {
         let mut items = self
             .db
             .run(async |c| {
-                orders::store::list(c, self.db.statements(), tenant, limit + 1, after).await
+                orders::store::list(c, tenant, limit + 1, after).await
             })
             .instrument(db_span("list orders"))
             .await?;

@@ -1,4 +1,4 @@
-//! The database handle hands every connection back to sqlx's pool, so a caller waiting
+//! The database handle hands every connection back to its pool, so a caller waiting
 //! inside the pool is served by the next one handed back, and the configured size is
 //! the number of connections.
 
@@ -36,13 +36,13 @@ async fn a_connection_handed_back_goes_to_the_pool_and_serves_the_next_caller() 
     let pid = backend(&mut first).await;
     first.done().await.unwrap();
     settle().await;
-    assert_eq!(db.pool().num_idle(), 1, "back in the pool");
+    assert_eq!(db.idle(), 1, "back in the pool");
     let mut next = db.conn().await.unwrap();
     assert_eq!(backend(&mut next).await, pid, "the one connection again");
     // Dropped without `done` (what an error or a cancelled request does): back too.
     drop(next);
     settle().await;
-    assert_eq!(db.pool().num_idle(), 1, "returned through the pool");
+    assert_eq!(db.idle(), 1, "returned through the pool");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +84,7 @@ async fn many_callers_on_a_small_pool_are_all_served() {
                     sqlx::query("SELECT 1").execute(&mut *tx).await?;
                     tx.commit().await?;
                 } else {
-                    db.run(async |c| sqlx::query("SELECT 1").execute(c).await)
+                    db.run(async |c| c.query("SELECT 1").execute(c.conn()).await)
                         .await?;
                 }
             }

@@ -302,8 +302,7 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
     let mut conn = db.pool.acquire().await.unwrap();
 
     let written = store::create(
-        &mut conn,
-        orderd::db::Statements::NAMED,
+        &mut orderd::db::Sql::direct(&mut conn),
         &fence,
         &response,
         &order,
@@ -327,8 +326,7 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
     // The current owner's statement writes all three at once.
     fence.owner = current_owner;
     let written = store::create(
-        &mut conn,
-        orderd::db::Statements::NAMED,
+        &mut orderd::db::Sql::direct(&mut conn),
         &fence,
         &response,
         &order,

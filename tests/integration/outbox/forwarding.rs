@@ -31,9 +31,9 @@ async fn start_relay(
 ) -> tokio::task::JoinHandle<()> {
     let config = settings(&app.db, &[]);
     let publisher = publisher(&moto_endpoint(), &topic.arn, &config).await;
-    let pool = orderd::db::connect(&app.db.url, 2).await.unwrap();
+    let direct = orderd::db::Db::direct(app.db.url.parse().unwrap(), 2, Duration::from_secs(30));
     let relay = orderd::outbox::relay::Relay::new(
-        orderd::db::Db::direct(pool, Duration::from_secs(30)),
+        direct,
         app.db.session_options(),
         publisher,
         config.outbox.clone(),

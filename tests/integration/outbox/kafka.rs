@@ -60,9 +60,9 @@ async fn start_relay(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let config = settings(db, overrides);
-    let pool = orderd::db::connect(&db.url, 3).await.unwrap();
+    let direct = orderd::db::Db::direct(db.url.parse().unwrap(), 3, Duration::from_secs(30));
     let relay = orderd::outbox::relay::Relay::new(
-        orderd::db::Db::direct(pool, Duration::from_secs(30)),
+        direct,
         db.session_options(),
         publisher,
         config.outbox.clone(),

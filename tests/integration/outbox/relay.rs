@@ -159,8 +159,7 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
         let mut tx = db.pool.begin().await.unwrap();
         let order = create_order_in(&mut tx, tenant, &new).await;
         orderd::orders::store::cancel(
-            &mut tx,
-            orderd::db::Statements::NAMED,
+            &mut orderd::db::Sql::direct(&mut tx),
             tenant,
             order.id,
             None,
@@ -327,9 +326,9 @@ async fn refused_entries_go_dead_after_the_attempt_limit_and_redrive_all_publish
         refusing: true.into(),
     });
     let stop = tokio_util::sync::CancellationToken::new();
-    let pool = orderd::db::connect(&db.url, 4).await.unwrap();
+    let direct = orderd::db::Db::direct(db.url.parse().unwrap(), 4, Duration::from_secs(30));
     let relay = orderd::outbox::relay::Relay::new(
-        orderd::db::Db::direct(pool, Duration::from_secs(30)),
+        direct,
         db.session_options(),
         refusing.clone(),
         config.outbox.clone(),
@@ -507,9 +506,9 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
     let stop = tokio_util::sync::CancellationToken::new();
     let mut relays = Vec::new();
     for _ in 0..3 {
-        let pool = orderd::db::connect(&db.url, 4).await.unwrap();
+        let direct = orderd::db::Db::direct(db.url.parse().unwrap(), 4, Duration::from_secs(30));
         let relay = orderd::outbox::relay::Relay::new(
-            orderd::db::Db::direct(pool, Duration::from_secs(30)),
+            direct,
             db.session_options(),
             observed.clone(),
             config.outbox.clone(),

@@ -99,7 +99,7 @@ fn url_with_database(admin: &str, name: &str) -> String {
 impl TestDb {
     /// The database as orderd's code takes it: directly, no pooler.
     pub fn direct(&self) -> orderd::db::Db {
-        orderd::db::Db::direct(self.pool.clone(), Duration::from_secs(30))
+        orderd::db::Db::direct(self.url.parse().unwrap(), 8, Duration::from_secs(30))
     }
 
     /// A session of its own on this database (what the relay's LISTEN needs).
@@ -233,8 +233,7 @@ pub async fn create_order_in(
     };
     let owner = Uuid::new_v4();
     let claimed = store::claim_or_read(
-        &mut *tx,
-        orderd::db::Statements::NAMED,
+        &mut orderd::db::Sql::direct(&mut *tx),
         &scope,
         &Fingerprint::of(new),
         owner,
@@ -261,8 +260,7 @@ pub async fn create_order_in(
         resource: Some(order.id),
     };
     let written = orderd::orders::store::create(
-        &mut *tx,
-        orderd::db::Statements::NAMED,
+        &mut orderd::db::Sql::direct(&mut *tx),
         &fence,
         &response,
         &order,
