@@ -26,13 +26,13 @@ use std::{
 use clap::{Parser, Subcommand, ValueEnum};
 use orderd::db::Db;
 use orderd::{
-    config::Config,
+    app::Config,
     idempotency::{Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     orders::{NewOrder, Order, store},
     outbox::{
         publisher::{Message, Outcome, Outcomes, Publisher},
         relay::Relay,
-        sns::SnsPublisher,
+        sink::sns::SnsPublisher,
     },
     service::Endpoint,
     tenant::TenantId,
@@ -144,13 +144,15 @@ async fn publisher(target: Target, config: &Config) -> Arc<dyn Publisher> {
         Target::Immediate => Arc::new(Immediate),
         Target::Kafka => {
             let kafka = config
-                .outbox
                 .kafka
                 .as_ref()
                 .expect("ORDERD_KAFKA_BROKERS and ORDERD_KAFKA_TOPIC are set");
-            orderd::outbox::kafka::KafkaPublisher::connect(kafka, config.outbox.publish_timeout)
-                .await
-                .expect("the Kafka publisher starts")
+            orderd::outbox::sink::kafka::KafkaPublisher::connect(
+                kafka,
+                config.outbox.publish_timeout,
+            )
+            .await
+            .expect("the Kafka publisher starts")
         }
         Target::Sns => {
             let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
@@ -186,11 +188,13 @@ fn config(database_url: &str, batch: u32) -> Config {
 /// A migrated, empty database.
 /// Also a plain pool of its own, for the benchmark's own statements.
 async fn fresh(config: &Config) -> (Db, sqlx::PgPool) {
-    orderd::db::migrate(config).await.expect("migrations");
-    let db = orderd::db::db_of_size(config, 8).await.expect("database");
+    orderd::db::migrate(&config.db).await.expect("migrations");
+    let db = orderd::db::db_of_size(&config.db, 8)
+        .await
+        .expect("database");
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect(config.database_url.expose())
+        .connect(config.db.url.expose())
         .await
         .expect("a pool of the benchmark's own");
     sqlx::query("TRUNCATE orders, outbox_event, idempotency_record")
@@ -259,8 +263,8 @@ async fn start_relay(
     listen: bool,
     stop: &CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let listen_on = orderd::db::direct_options(config).expect("a URL");
-    let relay_db = orderd::db::connect_relay_db(config)
+    let listen_on = orderd::db::direct_options(&config.db).expect("a URL");
+    let relay_db = orderd::db::connect_relay_db(&config.db, config.outbox.parallel_rounds)
         .await
         .expect("database");
     let relay = Relay::new(relay_db, listen_on, publisher, config.outbox.clone());
@@ -313,14 +317,8 @@ async fn write_orders(
                             body: order.id.to_string().into_bytes(),
                             resource: Some(order.id),
                         };
-                        let written = store::create(
-                            &mut sql,
-                            &fence,
-                            &response,
-                            &order,
-                            None,
-                        )
-                        .await?;
+                        let written =
+                            store::create(&mut sql, &fence, &response, &order, None).await?;
                         Ok::<_, sqlx::Error>(written.then_some(response))
                     })
                 })

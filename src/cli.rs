@@ -10,10 +10,8 @@ use clap::{Parser, Subcommand};
 use uuid::Uuid;
 
 use crate::{
-    api, app, auth,
-    config::{Config, JwtConfig},
-    db, idempotency, lifecycle, outbox, reconcile, retention, telemetry,
-    tenant::TenantId,
+    api, app, app::Config, auth, auth::JwtConfig, db, idempotency, lifecycle, outbox, reconcile,
+    retention, telemetry, tenant::TenantId,
 };
 
 #[derive(Debug, Parser)]
@@ -181,18 +179,18 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
 /// The whole configuration, with logging set up as it asks.
 fn configured() -> anyhow::Result<Config> {
     let config = Config::from_env()?;
-    telemetry::init(config.log_json);
+    telemetry::init(config.log.json);
     Ok(config)
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {
-    db::migrate(&config).await?;
+    db::migrate(&config.db).await?;
     tracing::info!("migrations applied");
     Ok(())
 }
 
 async fn purge(config: Config) -> anyhow::Result<()> {
-    let db = db::db_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config.db, 2).await?;
     let report = retention::purge_idempotency_once(&db, retention::PURGE_BATCH).await?;
     println!(
         "purged {} expired keys and {} abandoned claims",
@@ -202,7 +200,7 @@ async fn purge(config: Config) -> anyhow::Result<()> {
 }
 
 async fn reconcile(config: Config) -> anyhow::Result<()> {
-    let db = db::db_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config.db, 2).await?;
     let window = config.outbox.retention;
     let started = std::time::Instant::now();
     let report = reconcile::reconcile_once(&db, window, reconcile::RECONCILE_BATCH).await?;
@@ -247,7 +245,7 @@ async fn reconcile(config: Config) -> anyhow::Result<()> {
 }
 
 async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Result<()> {
-    let db = db::db_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config.db, 2).await?;
     match command {
         OutboxCommand::Redrive { id: Some(id), .. } => {
             let n = db
@@ -262,9 +260,7 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
             println!("re-drove {n} dead events");
         }
         OutboxCommand::Stats => {
-            let stats = db
-                .run(async |c| outbox::store::stats(c).await)
-                .await?;
+            let stats = db.run(async |c| outbox::store::stats(c).await).await?;
             println!("pending {}", stats.pending);
             println!(
                 "oldest_pending_age_seconds {:.3}",
@@ -278,7 +274,7 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
 
 async fn rewrap(config: Config, batch: i64, wait: Duration) -> anyhow::Result<()> {
     use idempotency::{rewrap::Why, seal};
-    let db = db::db_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config.db, 2).await?;
     // Records in clear are what a rewrap seals: it reads them whatever replays do.
     let sealer = seal::Sealer::new(&config.idempotency.response_keys, seal::ClearRecords::Serve);
     let mut reported = std::time::Instant::now();
@@ -337,7 +333,7 @@ async fn rewrap(config: Config, batch: i64, wait: Duration) -> anyhow::Result<()
 }
 
 async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Result<()> {
-    let db = db::db_of_size(&config, 2).await?;
+    let db = db::db_of_size(&config.db, 2).await?;
     match command {
         TenantCommand::Export { tenant } => {
             let started = std::time::Instant::now();

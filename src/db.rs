@@ -24,15 +24,38 @@ use deadpool::managed::{self, Metrics, PoolError, RecycleError, RecycleResult, T
 use sqlx::{
     Connection, PgConnection, Postgres, SqlSafeStr,
     migrate::Migrator,
-    postgres::{
-        PgArguments, PgConnectOptions, PgPoolOptions, PgRow, PgTransactionManager,
-    },
+    postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow, PgTransactionManager},
     query::{Query, QueryAs, QueryScalar},
 };
 
 use sqlx_core::transaction::TransactionManager;
 
-use crate::config::{Config, Secret};
+use crate::config::{ConfigError, Env, Kind, Secret, parse, range, settings};
+
+settings! {
+    /// How the process reaches PostgreSQL.
+    pub struct DbConfig {
+        url: Secret = parse::required_secret [DATABASE_URL, "DATABASE_URL", None, Kind::Secret, "PostgreSQL 14+ connection string (required); may point at a transaction pooler (see `ORDERD_DB_POOLER`)"],
+        /// A session-capable connection (`LISTEN`, migrations); `url` by default.
+        direct_url: Secret = direct_url [DATABASE_DIRECT_URL, "ORDERD_DATABASE_DIRECT_URL", None, Kind::Secret, "a connection that is not behind a transaction pooler, for `LISTEN` and migrations; default `DATABASE_URL`"],
+        /// Whether `url` goes through a transaction pooler.
+        pooler_transaction: bool = parse::last_choice [DB_POOLER, "ORDERD_DB_POOLER", Some("none"), Kind::Choice(&["none", "transaction"]), "`transaction`: `DATABASE_URL` goes through a transaction pooler (PgBouncer in transaction mode): no startup parameters, no named prepared statements, every statement in a transaction"],
+        /// Whether `serve` applies pending migrations at start.
+        migrate: bool = parse::switch [MIGRATE, "ORDERD_MIGRATE", Some("on"), Kind::Switch, "`serve` applies pending migrations at start"],
+        /// Connections of the process's main pool.
+        pool_size: u32 = parse::number [DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own, and LISTEN and migrations one each"],
+        /// The longest a statement may run (and a transaction stay idle).
+        statement_timeout: Duration = parse::millis [DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle"],
+    }
+}
+
+/// `ORDERD_DATABASE_DIRECT_URL`, else `DATABASE_URL`.
+fn direct_url(env: &Env<'_>, s: &crate::config::Setting) -> Result<Secret, ConfigError> {
+    match env.text(s) {
+        Some(url) => Ok(Secret::new(url)),
+        None => parse::required_secret(env, &DATABASE_URL),
+    }
+}
 
 /// Every migration in `migrations/`, compiled into the binary so that `orderd serve`
 /// and `orderd migrate` need no files at run time.
@@ -151,7 +174,11 @@ impl managed::Manager for Connector {
         })
     }
 
-    async fn recycle(&self, session: &mut Session, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
+    async fn recycle(
+        &self,
+        session: &mut Session,
+        metrics: &Metrics,
+    ) -> RecycleResult<sqlx::Error> {
         if session.unsettled || metrics.last_used() >= PING_IF_IDLE_FOR {
             // An error drops this one; the pool then hands out another or opens one.
             session.conn.ping().await.map_err(RecycleError::Backend)?;
@@ -363,8 +390,8 @@ impl DerefMut for Conn {
 
 /// The process's main pool, `ORDERD_DB_POOL_SIZE` connections (`serve`'s in-process
 /// relay works on a pool of its own: [`connect_relay_db`]).
-pub async fn connect_db(config: &Config) -> anyhow::Result<Db> {
-    db_of_size(config, config.db_pool_size).await
+pub async fn connect_db(config: &DbConfig) -> anyhow::Result<Db> {
+    db_of_size(config, config.pool_size).await
 }
 
 /// The in-process relay's own connections, one per round it runs at once
@@ -372,8 +399,8 @@ pub async fn connect_db(config: &Config) -> anyhow::Result<Db> {
 /// every API connection (a burst, writes stalled on a lock), their queue for the pool
 /// would otherwise hold back the publishing of what other writers committed, and the
 /// API's load would show up as publish latency.
-pub async fn connect_relay_db(config: &Config) -> anyhow::Result<Db> {
-    db_of_size(config, config.outbox.parallel_rounds).await
+pub async fn connect_relay_db(config: &DbConfig, parallel_rounds: u32) -> anyhow::Result<Db> {
+    db_of_size(config, parallel_rounds).await
 }
 
 /// A database of `size` connections: the one-shot commands need only a couple.
@@ -389,10 +416,10 @@ pub async fn connect_relay_db(config: &Config) -> anyhow::Result<Db> {
 /// or two, and when a large table or a recursive query raises the planner's cost
 /// estimate past `jit_above_cost`, compiling took 40 to 80 ms each time (the fair claim
 /// measured 85 ms with it, 16 without; decision 125).
-pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
-    let pooled = config.db_pooler_transaction;
-    let timeout = config.db_statement_timeout.as_millis().to_string();
-    let mut options = connect_options(&config.database_url)?;
+pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
+    let pooled = config.pooler_transaction;
+    let timeout = config.statement_timeout.as_millis().to_string();
+    let mut options = connect_options(&config.url)?;
     if pooled {
         options = options.statement_cache_capacity(0);
     } else {
@@ -405,7 +432,7 @@ pub async fn db_of_size(config: &Config, size: u32) -> anyhow::Result<Db> {
     // One plain connection first: its error says what is wrong, where the pool's
     // would only say that it timed out.
     let first = open(&options, "DATABASE_URL").await?;
-    let db = Db::new(options, size, pooled, config.db_statement_timeout);
+    let db = Db::new(options, size, pooled, config.statement_timeout);
     let _ = first.close().await;
     Ok(db)
 }
@@ -474,8 +501,8 @@ pub async fn listen(
 }
 
 /// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` needs).
-pub fn direct_options(config: &Config) -> anyhow::Result<PgConnectOptions> {
-    connect_options(&config.database_direct_url)
+pub fn direct_options(config: &DbConfig) -> anyhow::Result<PgConnectOptions> {
+    connect_options(&config.direct_url)
 }
 
 /// One connection, or a one-line error naming `variable` and what to check.
@@ -524,13 +551,13 @@ fn explain(err: sqlx::Error, options: &PgConnectOptions, variable: &str) -> anyh
 /// Applies pending migrations on a direct connection of their own (sqlx's migrator
 /// holds a session lock), without the statement timeout (a migration may rightly take
 /// long).
-pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let variable = if config.database_direct_url.expose() == config.database_url.expose() {
+pub async fn migrate(config: &DbConfig) -> anyhow::Result<()> {
+    let variable = if config.direct_url.expose() == config.url.expose() {
         "DATABASE_URL"
     } else {
         "ORDERD_DATABASE_DIRECT_URL"
     };
-    let mut conn = open(&connect_options(&config.database_direct_url)?, variable).await?;
+    let mut conn = open(&connect_options(&config.direct_url)?, variable).await?;
     MIGRATOR
         .run(&mut conn)
         .await

@@ -201,7 +201,8 @@ pub async fn erase(
             loop {
                 let n = db
                     .run(async |c| {
-                        let done = c.query(table.erase_batch())
+                        let done = c
+                            .query(table.erase_batch())
                             .bind(tenant.0)
                             .bind(batch)
                             .execute(c.conn())

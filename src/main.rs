@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     // A missing .env is normal; the real environment always wins over it.
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    let workers = match orderd::config::worker_threads_from_env() {
+    let workers = match orderd::app::worker_threads_from_env() {
         Ok(workers) => workers,
         Err(e) => {
             eprintln!("orderd: {e}");

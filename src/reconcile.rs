@@ -18,7 +18,16 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::config::{parse, range, settings};
 use crate::{db::Db, metrics};
+
+settings! {
+    /// Whether and how often this process reconciles.
+    pub struct ReconcileConfig {
+        /// `None` when off.
+        interval: Option<Duration> = parse::secs_or_off [RECONCILE_INTERVAL_SECS, "ORDERD_RECONCILE_INTERVAL_SECS", Some("300"), range(0, 86_400), "how often `serve` reconciles orders, events and stored responses; `0` turns it off in this process (run it in one or a few)"],
+    }
+}
 
 /// Rows read per statement.
 pub const RECONCILE_BATCH: i64 = 1000;

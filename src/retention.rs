@@ -9,7 +9,15 @@ use std::{future::Future, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{parse, range, settings};
 use crate::{db::Db, idempotency::store, outbox};
+
+settings! {
+    /// When the retention purges run.
+    pub struct RetentionConfig {
+        interval: Duration = parse::secs [PURGE_INTERVAL_SECS, "ORDERD_PURGE_INTERVAL_SECS", Some("60"), range(1, 86_400), "how often the retention purges run"],
+    }
+}
 
 /// Rows deleted per statement.
 pub const PURGE_BATCH: i64 = 1000;
@@ -32,9 +40,7 @@ pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<Idempot
         })
         .await?,
         abandoned_claims: in_batches(batch, || {
-            db.run(async |c| {
-                store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await
-            })
+            db.run(async |c| store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await)
         })
         .await?,
     })
@@ -45,9 +51,7 @@ pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<Idempot
 pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let retention_secs = retention.as_secs() as i64;
     in_batches(batch, || {
-        db.run(async |c| {
-            outbox::store::purge_published(c, retention_secs, batch).await
-        })
+        db.run(async |c| outbox::store::purge_published(c, retention_secs, batch).await)
     })
     .await
 }

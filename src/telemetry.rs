@@ -27,7 +27,16 @@ use tracing_subscriber::{
     util::SubscriberInitExt,
 };
 
+use crate::config::{Kind, parse, settings};
 use crate::{tenant::TenantId, trace_context::TraceContext};
+
+settings! {
+    /// How log lines are written.
+    pub struct LogConfig {
+        /// One JSON object per line, instead of text.
+        json: bool = parse::last_choice [LOG_FORMAT, "ORDERD_LOG_FORMAT", Some("text"), Kind::Choice(&["text", "json"]), "`json` for one JSON object per log line"],
+    }
+}
 
 /// The `tracing` target of every span meant for OpenTelemetry.
 pub const SPANS: &str = "orderd::spans";

@@ -11,7 +11,7 @@ fn the_readme_configuration_table_is_the_settings_table() {
         .find(end)
         .expect("README closes the settings markers")
         + start;
-    let expected = orderd::config::markdown_table();
+    let expected = orderd::app::settings_table();
     assert!(
         README[start..stop] == expected,
         "README's configuration table is stale; put this between the markers:\n{expected}"

@@ -31,11 +31,12 @@ use governor::{
 use poem::http::{HeaderName, HeaderValue, header};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::settings::TenantLimits;
 use super::{
     problem::{Kind, Problem},
     routes::Route,
 };
-use crate::{config::TenantLimits, metrics, tenant::TenantId};
+use crate::{metrics, tenant::TenantId};
 
 type Buckets = RateLimiter<
     TenantId,

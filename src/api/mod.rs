@@ -19,6 +19,7 @@ pub mod reply;
 pub mod responses;
 pub mod routes;
 pub mod server;
+pub mod settings;
 pub mod spec;
 
 use std::sync::Arc;
@@ -28,9 +29,9 @@ use poem::{Endpoint, EndpointExt, Route, middleware::CatchPanic};
 use poem_openapi::{OpenApiService, Tags};
 
 use self::limits::TenantLimiter;
+pub use self::settings::{HttpConfig, TenantLimits};
 use crate::{
     auth::Verifier,
-    config::Config,
     idempotency,
     metrics::{KnownLabels, Label},
     outbox,
@@ -68,10 +69,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(verifier: Arc<Verifier>, config: &Config) -> Self {
+    pub fn new(verifier: Arc<Verifier>, limits: &TenantLimits) -> Self {
         Self {
             verifier,
-            limiter: Arc::new(TenantLimiter::new(&config.tenant_limits)),
+            limiter: Arc::new(TenantLimiter::new(limits)),
         }
     }
 }
@@ -82,7 +83,8 @@ impl Shared {
 pub fn routes(
     app: Service,
     shared: &Shared,
-    config: &Config,
+    http: &HttpConfig,
+    issuer: Option<String>,
     public_url: &str,
     with_metrics: bool,
 ) -> impl Endpoint + use<> {
@@ -97,14 +99,14 @@ pub fn routes(
     let gate = Arc::new(auth::Gate {
         verifier: shared.verifier.clone(),
         limiter: shared.limiter.clone(),
-        mcp_origins: Arc::new(config.http.mcp_allowed_origins.clone()),
+        mcp_origins: Arc::new(http.mcp_allowed_origins.clone()),
         public_url: public_url.into(),
     });
     route
         .at("/mcp", mcp)
         .at(
             mcp::METADATA_PATH,
-            mcp::metadata_endpoint(config.jwt.issuer.clone(), public_url),
+            mcp::metadata_endpoint(issuer, public_url),
         )
         .at("/openapi.json", spec::json_endpoint())
         .at("/openapi.yaml", spec::yaml_endpoint())

@@ -13,6 +13,7 @@
 //! sends the same token with every request pays for the check once.
 
 pub mod jwks;
+pub mod settings;
 pub mod verified;
 
 use std::{
@@ -25,12 +26,13 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use self::settings::JwtConfig;
 use self::{
     jwks::{Jwks, SetState},
     verified::{VerifiedBy, VerifiedTokens},
 };
 use crate::{
-    config::{ConfigError, JwtConfig, Secret},
+    config::{ConfigError, Secret},
     tenant::TenantId,
 };
 

@@ -17,6 +17,7 @@ pub mod key;
 pub mod record;
 pub mod rewrap;
 pub mod seal;
+pub mod settings;
 pub mod store;
 
 use std::{
@@ -29,6 +30,7 @@ use std::{
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+pub use self::settings::IdempotencyConfig;
 use self::{
     cache::{Lookup, ReplayCache},
     decide::{Step, decide, retry_after},
@@ -42,7 +44,6 @@ pub use self::{
     store::{Completion, Fence, Scope},
 };
 use crate::{
-    config::IdempotencyConfig,
     db::{Conn, Db, Sql},
     metrics::{self, label_enum},
     telemetry,
@@ -286,19 +287,12 @@ impl Guard {
             let owner = Uuid::new_v4();
             let sent = Instant::now();
             let found = if row_exists {
-                self.db
-                    .run(async |c| store::read(c, scope).await)
-                    .await?
+                self.db.run(async |c| store::read(c, scope).await).await?
             } else {
                 let mut conn = self.db.conn().await?;
-                let found = store::claim_or_read(
-                    &mut conn.sql(),
-                    scope,
-                    fingerprint,
-                    owner,
-                    lease_ms,
-                )
-                .await?;
+                let found =
+                    store::claim_or_read(&mut conn.sql(), scope, fingerprint, owner, lease_ms)
+                        .await?;
                 let conn = if conn.autocommits() {
                     Some(conn)
                 } else {
@@ -353,14 +347,7 @@ impl Guard {
                     let reclaimed = self
                         .db
                         .run(async |c| {
-                            store::reclaim_expired(
-                                c,
-                                scope,
-                                fingerprint,
-                                owner,
-                                lease_ms,
-                            )
-                            .await
+                            store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
                         })
                         .await?;
                     if let Some(at) = reclaimed {
@@ -376,14 +363,8 @@ impl Guard {
                     let taken = self
                         .db
                         .run(async |c| {
-                            store::take_over_expired_lease(
-                                c,
-                                scope,
-                                seen_owner,
-                                owner,
-                                lease_ms,
-                            )
-                            .await
+                            store::take_over_expired_lease(c, scope, seen_owner, owner, lease_ms)
+                                .await
                         })
                         .await?;
                     if let Some(at) = taken {

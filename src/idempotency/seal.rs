@@ -24,7 +24,8 @@
 use aws_lc_rs::aead::{AES_256_GCM, Aad, NONCE_LEN, Nonce, RandomizedNonceKey};
 use uuid::Uuid;
 
-use crate::config::ResponseKey;
+use crate::config::ConfigError;
+use std::fmt;
 
 /// The layout of associated data new records are sealed with.
 pub const SEAL_VERSION: i16 = 2;
@@ -39,6 +40,93 @@ pub struct Binding<'a> {
     pub location: Option<&'a str>,
     pub content_type: Option<&'a str>,
     pub resource: Option<Uuid>,
+}
+
+/// One key of `ORDERD_RESPONSE_KEYS`: its id, stored beside what it sealed, and its 32
+/// bytes, which no `Debug` output shows.
+#[derive(Clone)]
+pub struct ResponseKey {
+    pub id: String,
+    material: [u8; 32],
+}
+
+impl ResponseKey {
+    /// A key from its parts (tests and tools; the configuration parses its own).
+    pub fn new(id: &str, material: [u8; 32]) -> Self {
+        Self {
+            id: id.to_string(),
+            material,
+        }
+    }
+
+    /// The key's bytes: the only way to read them, easy to grep for.
+    pub fn material(&self) -> &[u8; 32] {
+        &self.material
+    }
+}
+
+impl fmt::Debug for ResponseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResponseKey({}: ***)", self.id)
+    }
+}
+
+/// The longest key id: it is stored with every sealed record.
+pub const RESPONSE_KEY_ID_MAX: usize = 64;
+
+/// The keys setting (`name`): `id:base64` items separated by commas. Standard base64 of
+/// exactly 32 bytes, with or without padding; distinct ids. No message shows a key.
+pub fn parse_response_keys(name: &str, text: &str) -> Result<Vec<ResponseKey>, ConfigError> {
+    use base64::{
+        Engine,
+        alphabet::STANDARD,
+        engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
+    };
+    let lenient = GeneralPurpose::new(
+        &STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let mut keys: Vec<ResponseKey> = Vec::new();
+    for (i, item) in text.split(',').map(str::trim).enumerate() {
+        if item.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        let Some((id, encoded)) = item.split_once(':') else {
+            return Err(ConfigError::new(format!(
+                "{name}: item {n} is not `id:base64-of-32-bytes`"
+            )));
+        };
+        let id = id.trim();
+        let id_ok = (1..=RESPONSE_KEY_ID_MAX).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !id_ok {
+            return Err(ConfigError::new(format!(
+                "{name}: item {n} needs an id of 1 to {RESPONSE_KEY_ID_MAX} of A-Z, a-z, 0-9, '.', '_' and '-' before its `:`"
+            )));
+        }
+        let material: [u8; 32] = lenient
+            .decode(encoded.trim())
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| {
+                ConfigError::new(format!(
+                    "{name}: key `{id}` is not the base64 of exactly 32 bytes"
+                ))
+            })?;
+        if keys.iter().any(|k| k.id == id) {
+            return Err(ConfigError::new(format!(
+                "{name}: the id `{id}` is given twice"
+            )));
+        }
+        keys.push(ResponseKey {
+            id: id.to_string(),
+            material,
+        });
+    }
+    Ok(keys)
 }
 
 /// What to do with a body stored in clear while keys are configured.

@@ -412,7 +412,8 @@ pub async fn reseal(
         was.push(row.was);
         was_versions.push(row.was_version);
     }
-    let done = sql.query(RESEAL)
+    let done = sql
+        .query(RESEAL)
         .bind(key_id)
         .bind(tenants)
         .bind(endpoints)
@@ -514,7 +515,8 @@ pub async fn claim_or_read(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
-    let row: Option<ClaimRow> = sql.query_as(CLAIM_OR_READ)
+    let row: Option<ClaimRow> = sql
+        .query_as(CLAIM_OR_READ)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
@@ -534,11 +536,9 @@ pub async fn claim_or_read(
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
-pub async fn read(
-    sql: &mut Sql<'_>,
-    scope: &Scope,
-) -> sqlx::Result<Option<Record>> {
-    let row: Option<Row> = sql.query_as(READ)
+pub async fn read(sql: &mut Sql<'_>, scope: &Scope) -> sqlx::Result<Option<Record>> {
+    let row: Option<Row> = sql
+        .query_as(READ)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
@@ -604,11 +604,7 @@ pub async fn complete(
 }
 
 /// Gives up a claim after an unexpected failure so that a retry executes afresh.
-pub async fn release(
-    sql: &mut Sql<'_>,
-    scope: &Scope,
-    owner: Uuid,
-) -> sqlx::Result<()> {
+pub async fn release(sql: &mut Sql<'_>, scope: &Scope, owner: Uuid) -> sqlx::Result<()> {
     sql.query(RELEASE)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
@@ -620,11 +616,9 @@ pub async fn release(
 }
 
 /// Deletes up to `batch` completed keys past retention; returns how many.
-pub async fn purge_expired(
-    sql: &mut Sql<'_>,
-    batch: i64,
-) -> sqlx::Result<u64> {
-    let done = sql.query(PURGE_EXPIRED)
+pub async fn purge_expired(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<u64> {
+    let done = sql
+        .query(PURGE_EXPIRED)
         .bind(batch)
         .execute(sql.conn())
         .await?;
@@ -633,12 +627,9 @@ pub async fn purge_expired(
 
 /// Deletes up to `batch` PROCESSING claims whose lease ran out more than `grace_secs`
 /// ago and that no retry took over; returns how many.
-pub async fn purge_abandoned(
-    sql: &mut Sql<'_>,
-    grace_secs: i64,
-    batch: i64,
-) -> sqlx::Result<u64> {
-    let done = sql.query(PURGE_ABANDONED)
+pub async fn purge_abandoned(sql: &mut Sql<'_>, grace_secs: i64, batch: i64) -> sqlx::Result<u64> {
+    let done = sql
+        .query(PURGE_ABANDONED)
         .bind(grace_secs)
         .bind(batch)
         .execute(sql.conn())

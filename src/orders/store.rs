@@ -152,11 +152,7 @@ fn event(
 }
 
 /// One order of this tenant.
-pub async fn get(
-    sql: &mut Sql<'_>,
-    tenant: TenantId,
-    id: Uuid,
-) -> sqlx::Result<Option<Order>> {
+pub async fn get(sql: &mut Sql<'_>, tenant: TenantId, id: Uuid) -> sqlx::Result<Option<Order>> {
     sql.query_as(concat!(
         "SELECT ",
         columns!(),

@@ -14,10 +14,7 @@ pub const INTERVAL: Duration = Duration::from_secs(2);
 /// Refreshes the gauges from start-up until `shutdown`.
 pub async fn run(db: Db, shutdown: CancellationToken) {
     loop {
-        match db
-            .run(async |c| store::stats(c).await)
-            .await
-        {
+        match db.run(async |c| store::stats(c).await).await {
             Ok(stats) => {
                 metrics::outbox_backlog(stats.pending, stats.oldest_pending_age_secs, stats.dead)
             }

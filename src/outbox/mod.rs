@@ -1,6 +1,6 @@
 //! The transactional outbox: events are appended inside the business transaction
-//! ([`writer`]) and published afterwards by the [`relay`], to SNS ([`sns`]) or Kafka
-//! ([`kafka`]).
+//! ([`writer`]) and published afterwards by the [`relay`] to a bus: SNS
+//! ([`sink::sns`]) or Kafka ([`sink::kafka`]).
 //!
 //! This module owns the event's wire format ([`event`]). The relay knows nothing about
 //! HTTP or orders: it moves rows of `outbox_event` to a [`publisher::Publisher`] and
@@ -9,11 +9,11 @@
 pub mod backoff;
 pub mod event;
 pub mod gauges;
-pub mod kafka;
 pub mod publisher;
 pub mod relay;
-pub mod sns;
+pub mod settings;
+pub mod sink;
 pub mod store;
 pub mod writer;
 
-pub use self::{event::EventType, publisher::FailureReason};
+pub use self::{event::EventType, publisher::FailureReason, settings::OutboxConfig};

@@ -20,13 +20,14 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::settings::OutboxConfig;
 use super::{
     backoff::Backoff,
     event::TypeLabel,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
-use crate::{config::OutboxConfig, db::Db, metrics, telemetry, trace_context::TraceContext};
+use crate::{db::Db, metrics, telemetry, trace_context::TraceContext};
 
 /// The NOTIFY channel the `outbox_event` insert trigger signals.
 pub const CHANNEL: &str = "outbox_event";
@@ -196,13 +197,7 @@ impl Relay {
         } = self
             .db
             .run(async |c| {
-                store::claim_due(
-                    c,
-                    self.config.batch_size as i64,
-                    lease_ms,
-                    claim,
-                )
-                .await
+                store::claim_due(c, self.config.batch_size as i64, lease_ms, claim).await
             })
             .await?;
         if !unreadable.is_empty() {
@@ -275,9 +270,7 @@ impl Relay {
             let pause = self.backoff.next(failed_rounds);
             let pause_ms = pause.as_millis() as i64;
             self.db
-                .run(async |c| {
-                    store::put_back(c, &not_sent, claim, pause_ms).await
-                })
+                .run(async |c| store::put_back(c, &not_sent, claim, pause_ms).await)
                 .await?;
             round.pause = published.is_empty().then_some(pause);
         }

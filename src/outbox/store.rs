@@ -229,7 +229,8 @@ pub async fn claim_due(
     // Where this round starts walking the tenants: anywhere, so that over the rounds
     // every tenant is visited alike.
     let start = Uuid::new_v4();
-    let rows: Vec<PgRow> = sql.query(CLAIM_DUE)
+    let rows: Vec<PgRow> = sql
+        .query(CLAIM_DUE)
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
@@ -284,7 +285,8 @@ pub async fn mark_published(
         return Ok(0);
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sql.query(MARK_PUBLISHED)
+    let done = sql
+        .query(MARK_PUBLISHED)
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -302,7 +304,8 @@ pub async fn put_back(
     retry_ms: i64,
 ) -> sqlx::Result<u64> {
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sql.query(PUT_BACK)
+    let done = sql
+        .query(PUT_BACK)
         .bind(tenants)
         .bind(ids)
         .bind(claim)
@@ -313,18 +316,15 @@ pub async fn put_back(
 }
 
 /// Sets unreadable rows aside (see [`SET_ASIDE`]).
-pub async fn set_aside(
-    sql: &mut Sql<'_>,
-    rows: &[Unreadable],
-    claim: Uuid,
-) -> sqlx::Result<u64> {
+pub async fn set_aside(sql: &mut Sql<'_>, rows: &[Unreadable], claim: Uuid) -> sqlx::Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
     let tenants: Vec<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
-    let done = sql.query(SET_ASIDE)
+    let done = sql
+        .query(SET_ASIDE)
         .bind(tenants)
         .bind(ids)
         .bind(reasons)
@@ -367,7 +367,8 @@ pub async fn mark_failed(
         .iter()
         .map(|f| f.error.chars().take(2000).collect())
         .collect();
-    let done = sql.query(MARK_FAILED)
+    let done = sql
+        .query(MARK_FAILED)
         .bind(tenants)
         .bind(ids)
         .bind(attempts)
@@ -390,9 +391,8 @@ pub struct Stats {
 }
 
 pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
-    let (pending, oldest, dead): (i64, Option<f64>, i64) = sql.query_as(STATS)
-        .fetch_one(sql.conn())
-        .await?;
+    let (pending, oldest, dead): (i64, Option<f64>, i64) =
+        sql.query_as(STATS).fetch_one(sql.conn()).await?;
     Ok(Stats {
         pending,
         oldest_pending_age_secs: oldest.unwrap_or(0.0).max(0.0),
@@ -401,11 +401,9 @@ pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
 }
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).
-pub async fn redrive_one(
-    sql: &mut Sql<'_>,
-    event_id: Uuid,
-) -> sqlx::Result<u64> {
-    let done = sql.query(REDRIVE_ONE)
+pub async fn redrive_one(sql: &mut Sql<'_>, event_id: Uuid) -> sqlx::Result<u64> {
+    let done = sql
+        .query(REDRIVE_ONE)
         .bind(event_id)
         .execute(sql.conn())
         .await?;
@@ -413,12 +411,8 @@ pub async fn redrive_one(
 }
 
 /// Puts every DEAD event back in line; returns how many.
-pub async fn redrive_all_dead(
-    sql: &mut Sql<'_>,
-) -> sqlx::Result<u64> {
-    let done = sql.query(REDRIVE_ALL)
-        .execute(sql.conn())
-        .await?;
+pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
+    let done = sql.query(REDRIVE_ALL).execute(sql.conn()).await?;
     Ok(done.rows_affected())
 }
 
@@ -428,7 +422,8 @@ pub async fn purge_published(
     retention_secs: i64,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let done = sql.query(PURGE_PUBLISHED)
+    let done = sql
+        .query(PURGE_PUBLISHED)
         .bind(retention_secs)
         .bind(batch)
         .execute(sql.conn())

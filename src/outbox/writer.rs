@@ -79,10 +79,7 @@ impl<'a> EventRow<'a> {
 pub static APPEND: LazyLock<String> = LazyLock::new(|| EventRow::insert_sql(1, None));
 
 /// Writes one event; returns its `event_id`.
-pub async fn append(
-    sql: &mut Sql<'_>,
-    event: &NewEvent,
-) -> sqlx::Result<Uuid> {
+pub async fn append(sql: &mut Sql<'_>, event: &NewEvent) -> sqlx::Result<Uuid> {
     let row = EventRow::new(event);
     row.bind(sql.query(APPEND.as_str()))
         .execute(sql.conn())

@@ -344,9 +344,7 @@ impl Service {
         // One extra row tells whether a next page exists without a count query.
         let mut items = self
             .db
-            .run(async |c| {
-                orders::store::list(c, tenant, limit + 1, after).await
-            })
+            .run(async |c| orders::store::list(c, tenant, limit + 1, after).await)
             .instrument(db_span("list orders"))
             .await?;
         let next = if items.len() as i64 > limit {

@@ -150,6 +150,20 @@ async fn cut_off(name: &str) -> CutOff {
     .execute(&mut admin)
     .await
     .unwrap();
+    // `pg_terminate_backend` only signals: wait until the backends are gone, so that
+    // no statement slips through on one that has not exited yet.
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+                .bind(name)
+                .fetch_one(&mut admin)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     CutOff {
         admin,
         name: name.to_string(),

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use crate::support::{TestDb, settings};
 
 async fn db_of(test_db: &TestDb, size: &str) -> Db {
-    connect_db(&settings(test_db, &[("ORDERD_DB_POOL_SIZE", size)]))
+    connect_db(&settings(test_db, &[("ORDERD_DB_POOL_SIZE", size)]).db)
         .await
         .expect("database")
 }

@@ -97,7 +97,7 @@ async fn the_purged_tables_are_vacuumed_early_and_a_server_without_autovacuum_is
         .await
         .unwrap();
     let config = crate::support::settings(&db, &[]);
-    let orderd_db = orderd::db::connect_db(&config).await.unwrap();
+    let orderd_db = orderd::db::connect_db(&config.db).await.unwrap();
     let on = orderd::db::check_autovacuum(&orderd_db).await.unwrap();
     assert_eq!(on, server == "on");
 }

@@ -32,7 +32,7 @@ async fn token_prints_a_token_alone_that_the_service_accepts() {
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 1);
-    let verifier = orderd::auth::Verifier::new(&orderd::config::JwtConfig {
+    let verifier = orderd::auth::Verifier::new(&orderd::auth::JwtConfig {
         hs256_secret: Some(orderd::config::Secret::new(SECRET)),
         ..Default::default()
     })

@@ -27,7 +27,7 @@ fn keys(value: &str) -> Vec<(&'static str, String)> {
 
 /// The sealer a process configured with `value` has.
 fn sealer(value: &str) -> Sealer {
-    let config = orderd::config::Config::from_lookup(&|name| match name {
+    let config = orderd::app::Config::from_lookup(&|name| match name {
         "DATABASE_URL" => Some("postgres://unused".into()),
         "ORDERD_RESPONSE_KEYS" => Some(value.into()),
         _ => None,

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use orderd::{app::Application, config::Config};
+use orderd::app::{Application, Config};
 use reqwest::{Response, header::HeaderMap};
 use serde_json::Value;
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -144,7 +144,9 @@ async fn start(
         orderd::telemetry::init(false);
     }
     let config = settings(&db, overrides);
-    let database = orderd::db::connect_db(&config).await.expect("app database");
+    let database = orderd::db::connect_db(&config.db)
+        .await
+        .expect("app database");
     let app = Application::build_with_publisher(config, database, publisher)
         .await
         .expect("app builds");

@@ -223,13 +223,13 @@ pub async fn publisher(
     brokers: &str,
     topic: &str,
     timeout: Duration,
-) -> std::sync::Arc<orderd::outbox::kafka::KafkaPublisher> {
-    let kafka = orderd::config::KafkaConfig {
+) -> std::sync::Arc<orderd::outbox::sink::kafka::KafkaPublisher> {
+    let kafka = orderd::outbox::sink::kafka::KafkaConfig {
         brokers: brokers.to_string(),
         topic: topic.to_string(),
         properties: Vec::new(),
     };
-    orderd::outbox::kafka::KafkaPublisher::connect(&kafka, timeout)
+    orderd::outbox::sink::kafka::KafkaPublisher::connect(&kafka, timeout)
         .await
         .expect("the Kafka publisher starts")
 }

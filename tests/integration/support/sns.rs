@@ -294,9 +294,9 @@ async fn sqs(http: &reqwest::Client, endpoint: &str, action: &str, body: Value) 
 pub async fn publisher(
     endpoint: &str,
     topic_arn: &str,
-    config: &orderd::config::Config,
+    config: &orderd::app::Config,
 ) -> std::sync::Arc<dyn orderd::outbox::publisher::Publisher> {
-    std::sync::Arc::new(orderd::outbox::sns::SnsPublisher::new(
+    std::sync::Arc::new(orderd::outbox::sink::sns::SnsPublisher::new(
         sns_client(endpoint).await,
         topic_arn.to_string(),
         config.outbox.publish_timeout,

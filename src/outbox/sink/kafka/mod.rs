@@ -35,8 +35,13 @@ use rdkafka::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::publisher::{FailureReason, Message, Outcome, Outcomes, PublishError, Publisher, Retry};
-use crate::config::{KAFKA_CONFIG, KAFKA_MAX_IN_FLIGHT, KAFKA_TOPIC, KafkaConfig};
+pub mod settings;
+
+use self::settings::{KAFKA_CONFIG, KAFKA_MAX_IN_FLIGHT, KAFKA_TOPIC};
+pub use self::settings::{KafkaConfig, KafkaSettings};
+use crate::outbox::publisher::{
+    FailureReason, Message, Outcome, Outcomes, PublishError, Publisher, Retry,
+};
 
 /// How often the watch asks the broker for the topic's metadata.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(5);

@@ -11,8 +11,59 @@ use aws_sdk_sns::{
     types::{MessageAttributeValue, PublishBatchRequestEntry},
 };
 
-use super::publisher::FailureReason;
-use super::publisher::{Message, Outcome, Outcomes, PublishError, Publisher, Retry, classify};
+use crate::{
+    config::{Kind, parse, settings},
+    outbox::publisher::{
+        FailureReason, Message, Outcome, Outcomes, PublishError, Publisher, Retry,
+    },
+};
+
+settings! {
+    /// SNS as the relay's bus, when its topic is set.
+    pub struct SnsConfig {
+        topic_arn: Option<String> = parse::text [SNS_TOPIC_ARN, "ORDERD_SNS_TOPIC_ARN", None, Kind::Text, "the SNS topic the relay publishes to; a relay needs exactly one sink, this or Kafka; a `.fifo` ARN adds message group and deduplication ids"],
+    }
+}
+
+/// Classifies an AWS error code (SNS or KMS) of a refused entry. Unknown codes count as
+/// transient when the server took the blame and permanent when the sender did. (For a
+/// call that failed as a whole the class only names the reason: see [`Outcome::NotSent`].)
+pub fn classify(code: &str, sender_fault: bool) -> (Retry, FailureReason) {
+    use FailureReason as R;
+    match code {
+        "Throttling"
+        | "ThrottlingException"
+        | "Throttled"
+        | "TooManyRequestsException"
+        | "RequestLimitExceeded" => (Retry::Transient, R::Throttling),
+        "KMSThrottling" | "KMSThrottlingException" => (Retry::Transient, R::KmsThrottling),
+        "InternalError" | "InternalFailure" | "ServiceUnavailable" | "InternalServerError" => {
+            (Retry::Transient, R::Server)
+        }
+        "InvalidParameter"
+        | "InvalidParameterValue"
+        | "ValidationError"
+        | "ValidationException"
+        | "BatchRequestTooLong"
+        | "TooManyEntriesInBatchRequest"
+        | "BatchEntryIdsNotDistinct"
+        | "EmptyBatchRequest"
+        | "InvalidBatchEntryId" => (Retry::Permanent, R::InvalidParameter),
+        "NotFound" | "NotFoundException" | "ResourceNotFound" => (Retry::Permanent, R::NotFound),
+        "AuthorizationError"
+        | "AccessDenied"
+        | "AccessDeniedException"
+        | "InvalidSecurity"
+        | "InvalidClientTokenId"
+        | "SignatureDoesNotMatch"
+        | "ExpiredToken"
+        | "UnrecognizedClientException" => (Retry::Permanent, R::Authorization),
+        "KMSDisabled" | "KMSInvalidState" | "KMSNotFound" | "KMSOptInRequired"
+        | "KMSAccessDenied" => (Retry::Permanent, R::Kms),
+        _ if sender_fault => (Retry::Permanent, R::OtherClient),
+        _ => (Retry::Transient, R::OtherServer),
+    }
+}
 
 /// SNS accepts at most 10 entries per `PublishBatch` ...
 pub const MAX_BATCH_ENTRIES: usize = 10;
@@ -365,5 +416,48 @@ mod tests {
         let messages = vec![message(10), message(300_000), message(10)];
         assert_eq!(chunk_for_sns(&messages), vec![0..1, 1..2, 2..3]);
         assert!(chunk_for_sns(&[]).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod classify_tests {
+    use super::*;
+
+    #[test]
+    fn throttling_server_and_kms_throttling_are_transient() {
+        for code in [
+            "Throttled",
+            "ThrottlingException",
+            "InternalError",
+            "KMSThrottling",
+        ] {
+            assert_eq!(classify(code, false).0, Retry::Transient, "{code}");
+        }
+    }
+
+    #[test]
+    fn invalid_not_found_authorization_and_kms_errors_are_permanent() {
+        for code in [
+            "InvalidParameter",
+            "NotFound",
+            "AuthorizationError",
+            "KMSDisabled",
+            "KMSAccessDenied",
+            "KMSNotFound",
+        ] {
+            assert_eq!(classify(code, true).0, Retry::Permanent, "{code}");
+        }
+    }
+
+    #[test]
+    fn unknown_codes_follow_the_fault() {
+        assert_eq!(
+            classify("SomethingNew", true),
+            (Retry::Permanent, FailureReason::OtherClient)
+        );
+        assert_eq!(
+            classify("SomethingNew", false),
+            (Retry::Transient, FailureReason::OtherServer)
+        );
     }
 }

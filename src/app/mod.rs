@@ -6,14 +6,25 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+mod config;
+
+pub use self::config::{
+    Config, ProcessConfig, SETTINGS, Sink, settings_table, worker_threads_from_env,
+    worker_threads_from_lookup,
+};
 use crate::{
     api::{self, server::Limits},
     auth::{self, Verifier},
-    config::{self, Config, Sink, bind_address},
+    config::bind_address,
     db::{self, Db},
     erasure::{self, Erasures},
     idempotency::Guard,
-    outbox::{self, kafka::KafkaPublisher, publisher::Publisher, relay::Relay, sns::SnsPublisher},
+    outbox::{
+        self,
+        publisher::Publisher,
+        relay::Relay,
+        sink::{kafka::KafkaPublisher, sns::SnsPublisher},
+    },
     reconcile,
     retention::{self, Purges},
     service::Service,
@@ -28,10 +39,10 @@ const OPS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// `orderd serve`: migrations (unless off), then the API and the background jobs until
 /// SIGINT or SIGTERM.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    if config.migrate_on_start {
-        db::migrate(&config).await?;
+    if config.db.migrate {
+        db::migrate(&config.db).await?;
     }
-    let db = db::connect_db(&config).await?;
+    let db = db::connect_db(&config.db).await?;
     db::check_autovacuum(&db).await?;
     Application::build(config, db)
         .await?
@@ -43,7 +54,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 /// `/metrics` and `/readyz` on `ORDERD_METRICS_BIND`, until SIGINT or SIGTERM.
 pub async fn relay(config: Config) -> anyhow::Result<()> {
     let publisher = publisher(&config).await?;
-    let db = db::connect_db(&config).await?;
+    let db = db::connect_db(&config.db).await?;
     db::check_autovacuum(&db).await?;
     run_relay(config, db, publisher, shutdown_signal()).await
 }
@@ -82,7 +93,7 @@ impl Application {
     /// Binds the listener (so the address is known before serving), checks the keys and,
     /// unless the relay is off, builds the publisher.
     pub async fn build(config: Config, db: Db) -> anyhow::Result<Self> {
-        let publisher = match config.relay_in_serve {
+        let publisher = match config.process.relay_in_serve {
             true => Some(publisher(&config).await?),
             false => None,
         };
@@ -100,13 +111,13 @@ impl Application {
         let relay = match publisher {
             Some(publisher) => Some(RelayParts {
                 publisher,
-                db: db::connect_relay_db(&config).await?,
+                db: db::connect_relay_db(&config.db, config.outbox.parallel_rounds).await?,
             }),
             None => None,
         };
-        let (listener, address) = bind(&config.bind, config::BIND.name).await?;
+        let (listener, address) = bind(&config.http.bind, api::settings::BIND.name).await?;
         let metrics_listener = match &config.http.metrics_bind {
-            Some(metrics_bind) => Some(bind(metrics_bind, config::METRICS_BIND.name).await?),
+            Some(metrics_bind) => Some(bind(metrics_bind, api::settings::METRICS_BIND.name).await?),
             None => None,
         };
         Ok(Self {
@@ -145,7 +156,7 @@ impl Application {
         );
         let supervisor = Supervisor::new();
         {
-            let (db, listen_on) = (self.db.clone(), db::direct_options(&self.config)?);
+            let (db, listen_on) = (self.db.clone(), db::direct_options(&self.config.db)?);
             supervisor.spawn("tenant erasures", move |token| {
                 erasure::follow(
                     erasures,
@@ -164,7 +175,7 @@ impl Application {
         {
             let relay = Relay::new(
                 relay_db,
-                db::direct_options(&self.config)?,
+                db::direct_options(&self.config.db)?,
                 publisher,
                 self.config.outbox.clone(),
             );
@@ -179,7 +190,7 @@ impl Application {
                 outbox_retention: relay_runs.then_some(self.config.outbox.retention),
             },
         );
-        if let Some(interval) = self.config.reconcile_interval {
+        if let Some(interval) = self.config.reconcile.interval {
             let (db, window) = (self.db.clone(), self.config.outbox.retention);
             supervisor.spawn("reconciliation", move |token| {
                 reconcile::run(db, interval, window, token)
@@ -196,13 +207,20 @@ impl Application {
             );
         }
         tracing::info!(address = %self.address, "orderd listening");
-        let shared = api::Shared::new(self.verifier, &self.config);
+        let shared = api::Shared::new(self.verifier, &self.config.tenant_limits);
         spawn_auth_jobs(&supervisor, &shared);
         let public_url = match &self.config.http.public_url {
             Some(url) => url.clone(),
             None => format!("http://{}", self.address),
         };
-        let routes = api::routes(service, &shared, &self.config, &public_url, !metrics_apart);
+        let routes = api::routes(
+            service,
+            &shared,
+            &self.config.http,
+            self.config.jwt.issuer.clone(),
+            &public_url,
+            !metrics_apart,
+        );
         let served = api::server::serve(
             self.listener,
             routes,
@@ -227,7 +245,7 @@ pub async fn run_relay(
     let supervisor = Supervisor::new();
     match &config.http.metrics_bind {
         Some(metrics_bind) => {
-            let (listener, address) = bind(metrics_bind, config::METRICS_BIND.name).await?;
+            let (listener, address) = bind(metrics_bind, api::settings::METRICS_BIND.name).await?;
             tracing::info!(address = %address, "relay metrics listening");
             let probes = api::Probes::Relay {
                 db: db.clone(),
@@ -239,7 +257,7 @@ pub async fn run_relay(
     }
     let relay = Relay::new(
         db.clone(),
-        db::direct_options(&config)?,
+        db::direct_options(&config.db)?,
         publisher,
         config.outbox.clone(),
     );
@@ -308,7 +326,7 @@ fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: 
         outbox::gauges::run(gauges_db, token)
     });
     let purge_db = db.clone();
-    let interval = config.purge_interval;
+    let interval = config.retention.interval;
     supervisor.spawn("retention purges", move |token| {
         retention::run(purge_db, interval, purges, token)
     });
