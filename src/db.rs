@@ -437,6 +437,36 @@ pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
     Ok(db)
 }
 
+/// A PostgreSQL session-level advisory lock, held on a direct session of its own while
+/// this value lives: a job that must not run twice at once across every process takes
+/// one. Behind a transaction pooler a session lock would be taken on whichever server
+/// connection the pooler picked and outlive the client's use of it, so the lock always
+/// goes through `ORDERD_DATABASE_DIRECT_URL`. Dropping the value closes the session,
+/// which releases the lock even when the job was cancelled halfway.
+pub struct SessionLock {
+    _session: PgConnection,
+}
+
+impl SessionLock {
+    /// The lock `key`, if no other session holds it; `None` otherwise (another process
+    /// is doing the job).
+    pub async fn try_take(options: &PgConnectOptions, key: i64) -> sqlx::Result<Option<Self>> {
+        let mut session = PgConnection::connect_with(options).await?;
+        let mut sql = Sql::direct(&mut session);
+        let taken: bool = sql
+            .query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(key)
+            .fetch_one(sql.conn())
+            .await?;
+        if taken {
+            Ok(Some(Self { _session: session }))
+        } else {
+            let _ = session.close().await;
+            Ok(None)
+        }
+    }
+}
+
 /// What a `LISTEN` heard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heard {

@@ -29,6 +29,7 @@ pub const RATE_LIMITED: &str = "rate_limited_requests_total";
 pub const RECONCILE_ORDERS: &str = "reconcile_orders_without_event";
 pub const RECONCILE_KEYS: &str = "reconcile_keys_without_order";
 pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
+pub const JOB_RUNS: &str = "background_job_runs_total";
 
 /// A bounded set of label values with one spelling each, owned by the module whose
 /// concept it is (an endpoint, an outcome, an event type, a route). `ALL` lets the
@@ -157,12 +158,12 @@ fn describe() {
         OUTBOX_DEAD,
         "Outbox events that failed for good and wait for an operator's re-drive"
     );
-    describe_counter!(OUTBOX_PUBLISHED, "Events acknowledged by SNS");
+    describe_counter!(OUTBOX_PUBLISHED, "Events acknowledged by the bus");
     describe_counter!(OUTBOX_FAILURES, "Failed publishes, by error class");
     describe_histogram!(
         OUTBOX_LAG,
         Unit::Seconds,
-        "Time from an event's commit to its SNS acknowledgement"
+        "Time from an event's commit to the bus's acknowledgement"
     );
     describe_counter!(
         HTTP_REQUESTS,
@@ -184,6 +185,10 @@ fn describe() {
     describe_gauge!(
         RECONCILE_KEYS,
         "Completed idempotency keys whose stored success names a missing order, at the last reconciliation"
+    );
+    describe_counter!(
+        JOB_RUNS,
+        "Runs of the periodic background jobs, by job and outcome (ok, failed, or skipped while another process holds the job's lock)"
     );
     describe_gauge!(
         RECONCILE_LAST_RUN,
@@ -230,6 +235,12 @@ pub fn published(event_type: impl Label, lag_secs: f64) {
 
 pub fn publish_failure(reason: impl Label) {
     counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).increment(1);
+}
+
+/// One run of a periodic background job (`job` is its fixed name; `outcome` is `ok`,
+/// `failed`, or `skipped` when another process holds the job's lock).
+pub fn job_run(job: &'static str, outcome: &'static str) {
+    counter!(JOB_RUNS, "job" => job, "outcome" => outcome).increment(1);
 }
 
 pub fn rate_limited(route: impl Label) {

@@ -18,8 +18,14 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::{parse, range, settings};
-use crate::{db::Db, metrics};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::{
+    config::{parse, range, settings},
+    db::{Db, SessionLock},
+    metrics,
+    supervisor::{Every, First, Run, Schedule},
+};
 
 settings! {
     /// Whether and how often this process reconciles.
@@ -251,34 +257,61 @@ fn publish(report: &Report) {
     metrics::reconciled(report.orders_without_event, report.keys_without_order, now);
 }
 
+/// The advisory lock key of reconciliation: "orderd" in ASCII, then 1.
+pub const LOCK_KEY: i64 = 0x6f72_6465_7264_0001;
+
+/// One pass, unless another process holds [`LOCK_KEY`] (taken on `lock_on`, a direct
+/// session): any number of processes may run `serve` with reconciliation on, and one
+/// of them reconciles at a time.
+pub async fn pass_if_alone(
+    db: &Db,
+    lock_on: &PgConnectOptions,
+    window: Duration,
+    batch: i64,
+) -> sqlx::Result<Option<Report>> {
+    let Some(_lock) = SessionLock::try_take(lock_on, LOCK_KEY).await? else {
+        return Ok(None);
+    };
+    let started = std::time::Instant::now();
+    let report = reconcile_once(db, window, batch).await?;
+    publish(&report);
+    tracing::info!(
+        orders_checked = report.orders_checked,
+        keys_checked = report.keys_checked,
+        orders_without_event = report.orders_without_event,
+        keys_without_order = report.keys_without_order,
+        seconds = started.elapsed().as_secs_f64(),
+        "reconciliation pass"
+    );
+    Ok(Some(report))
+}
+
 /// Reconciles every `interval` until `shutdown`, the first pass soon after start (a few
-/// seconds in, so that several processes started together do not all run at once).
-pub async fn run(db: Db, interval: Duration, window: Duration, shutdown: CancellationToken) {
-    let mut wait = Duration::from_millis(rand::random_range(1_000..10_000)).min(interval);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        wait = interval;
-        let started = std::time::Instant::now();
-        let pass = tokio::select! {
-            pass = reconcile_once(&db, window, RECONCILE_BATCH) => pass,
-            _ = shutdown.cancelled() => return,
-        };
-        match pass {
-            Ok(report) => {
-                publish(&report);
-                tracing::info!(
-                    orders_checked = report.orders_checked,
-                    keys_checked = report.keys_checked,
-                    orders_without_event = report.orders_without_event,
-                    keys_without_order = report.keys_without_order,
-                    seconds = started.elapsed().as_secs_f64(),
-                    "reconciliation pass"
-                );
+/// seconds in, so that several processes started together do not all try at once).
+pub async fn run(
+    db: Db,
+    lock_on: PgConnectOptions,
+    interval: Duration,
+    window: Duration,
+    shutdown: CancellationToken,
+) {
+    let every = Every {
+        interval,
+        first: First::Spread,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("reconciliation", every, shutdown);
+    while schedule.next().await {
+        let turn = async {
+            match pass_if_alone(&db, &lock_on, window, RECONCILE_BATCH).await {
+                Ok(Some(_)) => Run::Done,
+                Ok(None) => Run::Skipped,
+                Err(e) => Run::Failed(format!("reconciliation pass: {e}")),
             }
-            Err(e) => tracing::warn!(error = %e, "reconciliation pass failed; will retry"),
-        }
+        };
+        let Some(run) = schedule.unless_shutdown(turn).await else {
+            return;
+        };
+        schedule.ran(run);
     }
 }

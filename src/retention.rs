@@ -9,7 +9,10 @@ use std::{future::Future, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{parse, range, settings};
+use crate::{
+    config::{parse, range, settings},
+    supervisor::{Every, First, Run, Schedule},
+};
 use crate::{db::Db, idempotency::store, outbox};
 
 settings! {
@@ -83,31 +86,43 @@ pub struct Purges {
 
 /// Runs `purges` every `interval` until `shutdown`.
 pub async fn run(db: Db, interval: Duration, purges: Purges, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        if let Some(retention) = purges.outbox_retention {
-            match purge_outbox_once(&db, retention, PURGE_BATCH).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "purged published outbox events"),
-                Err(e) => tracing::warn!(error = %e, "outbox purge failed; will retry"),
+    let every = Every {
+        interval,
+        first: First::AfterInterval,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("retention purges", every, shutdown);
+    while schedule.next().await {
+        let turn = async {
+            let mut failed = Vec::new();
+            if let Some(retention) = purges.outbox_retention {
+                match purge_outbox_once(&db, retention, PURGE_BATCH).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "purged published outbox events"),
+                    Err(e) => failed.push(format!("outbox purge: {e}")),
+                }
             }
-        }
-        if !purges.idempotency {
-            continue;
-        }
-        match purge_idempotency_once(&db, PURGE_BATCH).await {
-            Ok(report) if report != IdempotencyPurge::default() => {
-                tracing::info!(
-                    expired_keys = report.expired_keys,
-                    abandoned_claims = report.abandoned_claims,
-                    "purged idempotency records"
-                );
+            if purges.idempotency {
+                match purge_idempotency_once(&db, PURGE_BATCH).await {
+                    Ok(report) if report != IdempotencyPurge::default() => {
+                        tracing::info!(
+                            expired_keys = report.expired_keys,
+                            abandoned_claims = report.abandoned_claims,
+                            "purged idempotency records"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => failed.push(format!("idempotency purge: {e}")),
+                }
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "idempotency purge failed; will retry"),
-        }
+            match failed.is_empty() {
+                true => Run::Done,
+                false => Run::Failed(failed.join("; ")),
+            }
+        };
+        let Some(run) = schedule.unless_shutdown(turn).await else {
+            return;
+        };
+        schedule.ran(run);
     }
 }

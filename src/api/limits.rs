@@ -36,7 +36,11 @@ use super::{
     problem::{Kind, Problem},
     routes::Route,
 };
-use crate::{metrics, tenant::TenantId};
+use crate::{
+    metrics,
+    supervisor::{Every, First, Run, Schedule},
+    tenant::TenantId,
+};
 
 type Buckets = RateLimiter<
     TenantId,
@@ -179,11 +183,21 @@ impl TenantLimiter {
 
 /// Forgets full buckets every minute until `shutdown`.
 pub async fn tidy(limiter: Arc<TenantLimiter>, shutdown: tokio_util::sync::CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(60)) => limiter.forget_full_buckets(),
-            _ = shutdown.cancelled() => return,
-        }
+    let every = Every {
+        interval: Duration::from_secs(60),
+        first: First::AfterInterval,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("tenant limits", every, shutdown);
+    while schedule.next().await {
+        let turn = async {
+            limiter.forget_full_buckets();
+            Run::Done
+        };
+        let Some(run) = schedule.unless_shutdown(turn).await else {
+            return;
+        };
+        schedule.ran(run);
     }
 }
 

@@ -192,8 +192,9 @@ impl Application {
         );
         if let Some(interval) = self.config.reconcile.interval {
             let (db, window) = (self.db.clone(), self.config.outbox.retention);
+            let lock_on = db::direct_options(&self.config.db)?;
             supervisor.spawn("reconciliation", move |token| {
-                reconcile::run(db, interval, window, token)
+                reconcile::run(db, lock_on, interval, window, token)
             });
         }
         let metrics_apart = self.metrics_listener.is_some();

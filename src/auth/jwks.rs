@@ -42,6 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::AuthError;
+use crate::supervisor::{Every, First, Run, Schedule};
 
 /// How often the set is fetched again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(300);
@@ -246,17 +247,27 @@ fn same_keys(a: &Keys, b: &Keys) -> bool {
 /// Refreshes the set at start and every [`REFRESH_EVERY`] until `shutdown`; retries
 /// sooner while no set was ever fetched.
 pub async fn keep_fresh(jwks: Arc<Jwks>, shutdown: CancellationToken) {
-    loop {
-        let fetched = jwks.refresh().await;
-        let wait = if fetched || jwks.state() != SetState::Missing {
-            REFRESH_EVERY
-        } else {
-            Duration::from_secs(5)
+    let every = Every {
+        interval: REFRESH_EVERY,
+        first: First::Now,
+        after_failure: Some(Duration::from_secs(5)),
+    };
+    let mut schedule = Schedule::new("jwks refresh", every, shutdown);
+    while schedule.next().await {
+        let turn = async {
+            let fetched = jwks.refresh().await;
+            // A failed refresh of a set already held is no failure: the set still serves
+            // (and says how stale it is through readiness).
+            if fetched || jwks.state() != SetState::Missing {
+                Run::Done
+            } else {
+                Run::Failed("no key set was ever fetched".into())
+            }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.cancelled() => return,
-        }
+        let Some(run) = schedule.unless_shutdown(turn).await else {
+            return;
+        };
+        schedule.ran(run);
     }
 }
 

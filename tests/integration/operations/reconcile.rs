@@ -239,3 +239,61 @@ async fn serve_reconciles_periodically_into_its_gauges_and_logs() {
     );
     assert_eq!(sample(&metrics, "reconcile_keys_without_order"), Some(0.0));
 }
+
+/// Any number of processes may run `serve` with reconciliation on: a pass runs only in
+/// the process that holds the job's advisory lock, on a direct session, and the others
+/// skip their turn; the lock goes with its session, even when a pass is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_at_a_time_reconciles() {
+    use orderd::{
+        db::SessionLock,
+        reconcile::{LOCK_KEY, pass_if_alone},
+    };
+    let db = TestDb::new().await;
+    let direct: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let held = SessionLock::try_take(&direct, LOCK_KEY)
+        .await
+        .unwrap()
+        .expect("nobody holds the lock yet");
+    assert!(
+        SessionLock::try_take(&direct, LOCK_KEY)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second session cannot take it"
+    );
+    let passes = (0..4).map(|_| {
+        let (orderd_db, direct) = (db.direct(), direct.clone());
+        tokio::spawn(async move { pass_if_alone(&orderd_db, &direct, DAY, 100).await })
+    });
+    for pass in futures::future::join_all(passes).await {
+        assert_eq!(
+            pass.unwrap().unwrap(),
+            None,
+            "skipped while another holds the lock"
+        );
+    }
+    drop(held);
+    let report = pass_if_alone(&db.direct(), &direct, DAY, 100)
+        .await
+        .unwrap()
+        .expect("the lock is free once its session is gone");
+    assert_eq!(report, Report::default());
+    // A pass that is cancelled halfway gives the lock back with its session.
+    let cancelled = tokio::time::timeout(
+        Duration::from_micros(1),
+        pass_if_alone(&db.direct(), &direct, DAY, 100),
+    )
+    .await;
+    assert!(cancelled.is_err() || cancelled.unwrap().unwrap().is_some());
+    // The server ends a session whose client went away a moment later.
+    let mut again = None;
+    for _ in 0..500 {
+        again = SessionLock::try_take(&direct, LOCK_KEY).await.unwrap();
+        if again.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(again.is_some(), "a cancelled pass left no lock behind");
+}

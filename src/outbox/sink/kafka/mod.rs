@@ -39,8 +39,11 @@ pub mod settings;
 
 use self::settings::{KAFKA_CONFIG, KAFKA_MAX_IN_FLIGHT, KAFKA_TOPIC};
 pub use self::settings::{KafkaConfig, KafkaSettings};
-use crate::outbox::publisher::{
-    FailureReason, Message, Outcome, Outcomes, PublishError, Publisher, Retry,
+use crate::{
+    outbox::publisher::{
+        FailureReason, Message, Outcome, Outcomes, PublishError, Publisher, Retry,
+    },
+    supervisor::{Every, First, Run, Schedule},
 };
 
 /// How often the watch asks the broker for the topic's metadata.
@@ -311,26 +314,34 @@ impl Publisher for KafkaPublisher {
     /// Asks the broker for the topic every [`WATCH_INTERVAL`], so that readiness says
     /// whether it answers, and renews a producer that went beyond use while idle.
     fn watch(self: Arc<Self>, shutdown: CancellationToken) -> Option<BoxFuture<'static, ()>> {
+        let every = Every {
+            interval: WATCH_INTERVAL,
+            first: First::Now,
+            after_failure: None,
+        };
         Some(Box::pin(async move {
             let mut was_missing = false;
-            loop {
-                match self.clone().look_up_topic().await {
-                    Ok(found) => {
-                        if !found && !was_missing {
-                            tracing::error!(topic = %self.topic, "the Kafka topic does not exist; events wait until it does");
+            let mut schedule = Schedule::new("kafka watch", every, shutdown);
+            while schedule.next().await {
+                let turn = async {
+                    let run = match self.clone().look_up_topic().await {
+                        Ok(found) => {
+                            if !found && !was_missing {
+                                tracing::error!(topic = %self.topic, "the Kafka topic does not exist; events wait until it does");
+                            }
+                            was_missing = !found;
+                            Run::Done
                         }
-                        was_missing = !found;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = format!("{e:#}"), "the Kafka brokers do not answer")
-                    }
-                }
-                let (generation, producer) = self.current();
-                self.renew_if_beyond_use(generation, &producer);
-                tokio::select! {
-                    _ = tokio::time::sleep(WATCH_INTERVAL) => {}
-                    _ = shutdown.cancelled() => return,
-                }
+                        Err(e) => Run::Failed(format!("the Kafka brokers do not answer: {e:#}")),
+                    };
+                    let (generation, producer) = self.current();
+                    self.renew_if_beyond_use(generation, &producer);
+                    run
+                };
+                let Some(run) = schedule.unless_shutdown(turn).await else {
+                    return;
+                };
+                schedule.ran(run);
             }
         }))
     }
