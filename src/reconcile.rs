@@ -12,7 +12,10 @@
 //! implies) in any outbox status: PENDING and DEAD events exist, and have their own
 //! alerts.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::LazyLock,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -40,11 +43,22 @@ pub const RECONCILE_BATCH: i64 = 1000;
 /// Findings of each kind kept (and logged) per pass; the counts are always complete.
 pub const KEPT_FINDINGS: usize = 100;
 
+/// The event each order status calls for: the one place reconciliation spells it (the
+/// query below is built from it, and [`OrderWithoutEvent::missing_event`] reads it).
+pub const STATUS_EVENTS: &[(&str, &str)] =
+    &[("CREATED", "OrderCreated"), ("CANCELLED", "OrderCancelled")];
+
 /// One page of orders changed within the window, after the keyset cursor, each with
 /// whether the event of its current state is missing. The event is looked up per
 /// order through a `LATERAL ... LIMIT 1`, which the planner cannot turn into a hash of
 /// the whole outbox (it did, for `NOT EXISTS`, on a small table).
-pub const ORDERS_BATCH_SQL: &str = "
+pub static ORDERS_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
+    let expected: String = STATUS_EVENTS
+        .iter()
+        .map(|(status, event)| format!(" WHEN '{status}' THEN '{event}'"))
+        .collect();
+    format!(
+        "
     SELECT o.tenant_id, o.id, o.status, o.updated_at, e.found IS NULL AS missing
       FROM (SELECT tenant_id, id, status, version, updated_at
               FROM orders
@@ -56,11 +70,12 @@ pub const ORDERS_BATCH_SQL: &str = "
           SELECT true AS found FROM outbox_event e
            WHERE e.tenant_id = o.tenant_id AND e.aggregate_id = o.id
              AND e.aggregate_seq = o.version
-             AND e.event_type = CASE o.status WHEN 'CREATED' THEN 'OrderCreated'
-                                              ELSE 'OrderCancelled' END
+             AND e.event_type = CASE o.status{expected} END
            LIMIT 1
       ) e ON true
-     ORDER BY o.updated_at, o.tenant_id, o.id";
+     ORDER BY o.updated_at, o.tenant_id, o.id"
+    )
+});
 
 /// One page of completed keys after the keyset cursor, each with whether its stored
 /// 2xx response names an order that does not exist: by `resource_id`, kept in clear
@@ -100,11 +115,10 @@ pub struct OrderWithoutEvent {
 impl OrderWithoutEvent {
     /// The event type the order's status calls for.
     pub fn missing_event(&self) -> &'static str {
-        if self.status == "CREATED" {
-            "OrderCreated"
-        } else {
-            "OrderCancelled"
-        }
+        STATUS_EVENTS
+            .iter()
+            .find(|(status, _)| *status == self.status)
+            .map_or("(an unknown status)", |(_, event)| event)
     }
 }
 
@@ -155,7 +169,7 @@ async fn check_orders(
         let after = cursor;
         let rows = db
             .run(async |sql| {
-                sql.query_as::<(Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL)
+                sql.query_as::<(Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL.as_str())
                     .bind(window_secs)
                     .bind(after.0)
                     .bind(after.1)

@@ -345,3 +345,100 @@ fn sql_is_sent_only_through_the_executor() {
         found.join("\n")
     );
 }
+
+/// The source files of the module at `path` below `src/` (`["outbox", "sink"]`): its
+/// file, or its folder's `mod.rs`.
+fn module_file(path: &[&str]) -> Option<PathBuf> {
+    let base = Path::new(ROOT).join("src").join(path.join("/"));
+    let file = base.with_extension("rs");
+    let folder = base.join("mod.rs");
+    [file, folder].into_iter().find(|f| f.exists())
+}
+
+/// Whether the module source `text` declares or re-exports `name`.
+fn declares(text: &str, name: &str) -> bool {
+    let kinds = [
+        "fn",
+        "struct",
+        "enum",
+        "const",
+        "static",
+        "trait",
+        "type",
+        "mod",
+        "macro_rules!",
+    ];
+    kinds
+        .iter()
+        .any(|kind| text.contains(&format!("{kind} {name}")))
+        || text.contains(&format!("{name},")) && text.contains("pub use")
+        || text.contains(&format!("{name}}};"))
+        || text.contains(&format!("::{name};"))
+        // `label_enum!` and `settings!` declare `pub Name {` and `pub struct Name {`.
+        || text.contains(&format!("pub {name} {{"))
+}
+
+/// Every `a::b::c` path `docs/architecture.md` names in backticks: each leading segment
+/// a module of `src/`, the last one a module or something its parent declares, so the
+/// document cannot send a reader to code that moved.
+#[test]
+fn every_path_the_architecture_names_exists() {
+    let doc = fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    for token in doc.split('`').skip(1).step_by(2) {
+        let segments: Vec<&str> = token.split("::").collect();
+        let is_path = segments.len() > 1
+            && segments
+                .iter()
+                .all(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            && segments[0]
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_');
+        if !is_path || segments[0] == "crate" {
+            continue;
+        }
+        let (last, parents) = segments.split_last().unwrap();
+        let Some(parent) = module_file(parents) else {
+            missing.push(format!("`{token}`: no module {}", parents.join("::")));
+            continue;
+        };
+        if module_file(&segments).is_none() && !declares(&fs::read_to_string(parent).unwrap(), last)
+        {
+            missing.push(format!(
+                "`{token}`: {} declares no `{last}`",
+                parents.join("::")
+            ));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names paths that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The application layer is transport-neutral: no HTTP types (statuses, headers) and
+/// no server framework in `service`; the transports map its problems to theirs.
+#[test]
+fn the_application_layer_names_no_http_type() {
+    let mut found = Vec::new();
+    for file in files_of("service") {
+        let text = without_tests(&fs::read_to_string(&file).unwrap());
+        for needle in [
+            "http::",
+            "poem::",
+            "HeaderName",
+            "HeaderValue",
+            "StatusCode",
+        ] {
+            if text.contains(needle) {
+                found.push(format!("{}: {needle}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "HTTP in the application layer:\n{}",
+        found.join("\n")
+    );
+}

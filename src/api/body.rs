@@ -173,13 +173,13 @@ impl<'a> ApiExtractor<'a> for CreateOrderBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::problem::Kind;
+    use crate::api::problem::{AppKind, Kind};
 
     #[test]
     fn a_body_that_is_not_a_json_object_is_a_validation_error_on_body() {
         for (body, message) in [("[1]", "must be a JSON object"), ("{", "is not valid JSON")] {
             let problem = CreateOrderBody::parse(body.as_bytes()).unwrap_err();
-            assert_eq!(problem.kind, Kind::ValidationError);
+            assert_eq!(problem.kind, Kind::App(AppKind::ValidationError));
             let errors = problem.errors.unwrap();
             assert_eq!(errors[0].field, "body");
             assert!(errors[0].message.starts_with(message), "{errors:?}");

@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use poem_openapi::error::{ParseParamError, ParsePathError};
 
 use super::{
-    problem::{FieldError, Kind, Problem},
+    problem::{AppKind, Kind, Problem},
     routes::Route,
     server::Conn,
 };
@@ -204,7 +204,7 @@ async fn buffer_body(req: &mut Request) -> Result<(), Problem> {
         .read_to_end(&mut body)
         .await;
     match read {
-        Err(e) => Err(Problem::new(Kind::ValidationError)
+        Err(e) => Err(Problem::app(AppKind::ValidationError)
             .with_detail(format!("the body could not be read: {e}"))),
         Ok(_) if body.len() > MAX_BODY_BYTES => {
             drain(reader).await;
@@ -246,7 +246,7 @@ pub fn to_problem(err: poem::Error) -> Problem {
     }
     match err.status() {
         StatusCode::UNAUTHORIZED => Problem::unauthorized("a bearer token is required"),
-        StatusCode::NOT_FOUND => Problem::new(Kind::NotFound).with_detail("no such resource"),
+        StatusCode::NOT_FOUND => Problem::app(AppKind::NotFound).with_detail("no such resource"),
         StatusCode::METHOD_NOT_ALLOWED => Problem::new(Kind::MethodNotAllowed),
         StatusCode::PAYLOAD_TOO_LARGE => Problem::new(Kind::PayloadTooLarge),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => Problem::new(Kind::UnsupportedMediaType)
@@ -256,18 +256,13 @@ pub fn to_problem(err: poem::Error) -> Problem {
         // wording stays in the log.
         _ => {
             tracing::debug!(error = %err, "request refused by the HTTP layer");
-            Problem::new(Kind::ValidationError).with_detail("the request is not valid")
+            Problem::app(AppKind::ValidationError).with_detail("the request is not valid")
         }
     }
 }
 
 fn invalid(field: &str, message: &str) -> Problem {
-    Problem::new(Kind::ValidationError)
-        .with_detail(format!("`{field}` {message}"))
-        .with_errors(vec![FieldError {
-            field: field.to_string(),
-            message: message.to_string(),
-        }])
+    Problem::invalid_field(field, message)
 }
 
 /// The answer to a panic: a plain 500 problem, the panic itself goes to the log.

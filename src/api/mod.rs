@@ -57,8 +57,8 @@ pub fn service() -> OpenApiService<(orders::OrdersApi, health::HealthApi), ()> {
     )
     .description(
         "Multi-tenant order service. Every write is idempotent per (tenant, endpoint, \
-         Idempotency-Key) and every committed change is published to SNS through a \
-         transactional outbox. Errors are RFC 9457 `application/problem+json`.",
+         Idempotency-Key) and every committed change is published to the message bus \
+         (SNS or Kafka) through a transactional outbox. Errors are RFC 9457 `application/problem+json`.",
     )
 }
 

@@ -6,7 +6,7 @@
 //! Stock parts do what they can: hyper parses and writes HTTP/1.1, hyper-util's
 //! [`GracefulShutdown`] drains connections at shutdown, poem's boxed endpoint is shared
 //! by every connection, and `rlimit` raises the descriptor limit. What is left here is
-//! what none of them offers (docs/decisions.md, record 110):
+//! what none of them offers (decision 110 in docs/adr):
 //!
 //! - at most `max_connections` connections are open (also kept below the process's
 //!   file-descriptor limit); further clients wait in the kernel's accept queue; an
@@ -52,7 +52,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::problem::{Kind, Problem};
+use super::problem::{AppKind, Kind, Problem};
 
 /// Largest request head hyper buffers; a longer one is refused with 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -481,7 +481,7 @@ fn automatic_refusal(buf: &[u8]) -> Option<Problem> {
         return None;
     }
     Some(match status {
-        "400" => Problem::new(Kind::ValidationError)
+        "400" => Problem::app(AppKind::ValidationError)
             .with_detail("the request is not valid HTTP/1.1 (HTTP/2 is not served here)"),
         "414" => Problem::new(Kind::UriTooLong),
         "431" => Problem::new(Kind::HeadersTooLarge).with_detail(format!(

@@ -63,3 +63,27 @@ pub fn yaml_endpoint() -> impl Endpoint {
             .body(body.clone())
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::{LIMIT_DEFAULT, LIMIT_MAX};
+
+    /// poem-openapi takes a parameter's bounds as literals; the service checks the page
+    /// size with its constants, and the MCP schema is built from them. This ties the
+    /// published document to the same constants, so the three cannot drift.
+    #[test]
+    fn the_published_page_size_bounds_are_the_services() {
+        let doc = document();
+        let parameters = doc["paths"]["/v1/orders"]["get"]["parameters"]
+            .as_array()
+            .expect("the list has parameters");
+        let limit = parameters
+            .iter()
+            .find(|p| p["name"] == "limit")
+            .expect("a limit parameter");
+        assert_eq!(limit["schema"]["maximum"].as_f64(), Some(LIMIT_MAX as f64));
+        assert_eq!(limit["schema"]["minimum"].as_f64(), Some(1.0));
+        assert_eq!(limit["schema"]["default"].as_i64(), Some(LIMIT_DEFAULT));
+    }
+}

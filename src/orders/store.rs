@@ -266,3 +266,89 @@ pub const ERASE_TENANT_BATCH: &str = "DELETE FROM orders
 
 /// How many orders of tenant `$1` are left.
 pub const COUNT_TENANT: &str = "SELECT count(*) FROM orders WHERE tenant_id = $1";
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Arguments, Execute};
+
+    use super::*;
+    use crate::idempotency::{IdempotencyKey, Scope, seal::Sealer};
+
+    /// The `$n` placeholders of `sql`, in order of first appearance, deduplicated.
+    fn placeholders(sql: &str) -> Vec<usize> {
+        let mut found = Vec::new();
+        for part in sql.split('$').skip(1) {
+            let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(n) = digits.parse::<usize>()
+                && !found.contains(&n)
+            {
+                found.push(n);
+            }
+        }
+        found
+    }
+
+    /// Each part of the create numbers its parameters from where the composition puts
+    /// it, and binds exactly as many as it numbers: a column added to one part without
+    /// its bind (or the other way round) fails here, not on a server.
+    #[test]
+    fn every_part_of_the_create_binds_the_parameters_it_numbers() {
+        let mut parts = [
+            (1, Completion::PARAMS, Completion::sql(1)),
+            (
+                1 + Completion::PARAMS,
+                ORDER_PARAMS,
+                insert_order_sql(1 + Completion::PARAMS, "completed"),
+            ),
+            (
+                1 + Completion::PARAMS + ORDER_PARAMS,
+                EventRow::PARAMS,
+                EventRow::insert_sql(1 + Completion::PARAMS + ORDER_PARAMS, Some("created")),
+            ),
+        ];
+        for (first, count, sql) in &mut parts {
+            let mut numbers = placeholders(sql);
+            numbers.sort();
+            assert_eq!(
+                numbers,
+                (*first..*first + *count).collect::<Vec<_>>(),
+                "{sql}"
+            );
+        }
+
+        let tenant = TenantId(uuid::Uuid::now_v7());
+        let scope = Scope {
+            tenant,
+            endpoint: "POST /v1/orders",
+            key: IdempotencyKey::parse(Some("key-of-sixteen-bytes")).unwrap(),
+        };
+        let fence = Fence {
+            scope: &scope,
+            owner: uuid::Uuid::new_v4(),
+            ttl_secs: 60,
+            at: Utc::now(),
+            sealer: &Sealer::PLAIN,
+        };
+        let fields = serde_json::json!({"sku": "A-1", "quantity": 2});
+        let new = crate::orders::rules::NewOrder::parse(fields.as_object().unwrap()).unwrap();
+        let order = Order::created(&new, fence.at);
+        let response = StoredResponse {
+            status: 201,
+            location: None,
+            content_type: None,
+            body: b"{}".to_vec(),
+            resource: Some(order.id),
+        };
+        let event = event(tenant, EventType::OrderCreated, &order, None);
+        let row = EventRow::new(&event);
+        let completion = Completion::new(&fence, &response).unwrap();
+        let mut query = row.bind(bind_order(
+            completion.bind(sqlx::query(CREATE.as_str())),
+            tenant,
+            &order,
+        ));
+        let bound = query.take_arguments().unwrap().unwrap().len();
+        assert_eq!(bound, placeholders(&CREATE).len());
+        assert_eq!(bound, Completion::PARAMS + ORDER_PARAMS + EventRow::PARAMS);
+    }
+}

@@ -1,4 +1,4 @@
-//! The event's wire format: the SNS message body that consumers parse.
+//! The event's wire format: the message body that consumers parse, on SNS or Kafka.
 //!
 //! Plain serde types owned by this module, so that no web framework's rendering can
 //! change what consumers receive; a golden test pins the JSON. Fields are only ever
@@ -11,8 +11,8 @@ use uuid::Uuid;
 use crate::{metrics::label_enum, tenant::TenantId, trace_context::TraceContext};
 
 label_enum! {
-    /// The kinds of event: `outbox_event.event_type`, the `event_type` field and SNS
-    /// attribute, and the `outbox_published_total{event_type}` label.
+    /// The kinds of event: `outbox_event.event_type`, the `event_type` field and message
+    /// attribute (SNS) or header (Kafka), and the `outbox_published_total{event_type}` label.
     pub EventType {
         OrderCreated => "OrderCreated",
         OrderCancelled => "OrderCancelled",

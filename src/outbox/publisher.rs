@@ -79,9 +79,9 @@ pub struct PublishError {
 /// What happened to one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// SNS acknowledged it.
+    /// The bus acknowledged it.
     Published,
-    /// SNS refused this entry: it costs the event an attempt, and a permanent refusal
+    /// The bus refused this entry: it costs the event an attempt, and a permanent refusal
     /// (too large, invalid) makes it DEAD at once.
     Rejected(PublishError),
     /// The call carrying it failed as a whole (network, timeout, throttling, unknown

@@ -1,10 +1,10 @@
 //! SQL of the `outbox_event` table as the relay and operators use it.
 //!
-//! A row is PENDING until SNS acknowledged it (then PUBLISHED) or it failed for good
+//! A row is PENDING until the bus acknowledged it (then PUBLISHED) or it failed for good
 //! (then DEAD). Claiming does not hold a transaction open: it pushes the row's
 //! `next_attempt_at` forward by a claim lease, so a relay that dies mid-publish simply
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
-//! transaction while SNS answers.
+//! transaction while the bus answers.
 
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
@@ -20,7 +20,7 @@ pub struct PendingEvent {
     /// As the writer stored it: a type this release may not know (a newer release's,
     /// during a rolling deploy) is forwarded all the same.
     pub event_type: String,
-    /// The SNS message body.
+    /// The message body, as the bus carries it.
     pub payload: String,
     /// Failed attempts so far.
     pub attempts: i32,
@@ -275,7 +275,7 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
     Ok(event)
 }
 
-/// Marks events acknowledged by SNS, where `claim` still holds them.
+/// Marks events acknowledged by the bus, where `claim` still holds them.
 pub async fn mark_published(
     sql: &mut Sql<'_>,
     events: &[(Uuid, Uuid)],

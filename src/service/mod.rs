@@ -204,7 +204,7 @@ impl Service {
         self.capacity.clone().try_acquire_owned().map_err(|_| {
             Problem::new(Kind::ServiceUnavailable)
                 .with_detail("the server is at capacity; retry shortly")
-                .with_header(http::header::RETRY_AFTER, http::HeaderValue::from(1))
+                .with_retry_after(1)
         })
     }
 

@@ -1,6 +1,7 @@
-//! The one error type of the application layer: a problem with a stable `type` slug,
-//! answered by both transports (REST as RFC 9457 `application/problem+json`, MCP as a
-//! tool result whose text is the same object).
+//! The one error type of the application layer: a kind of problem and its details,
+//! which both transports answer (REST as RFC 9457 `application/problem+json`, MCP as a
+//! tool result whose text is the same object; `api::problem` gives each kind its slug,
+//! title and status).
 //!
 //! Expected outcomes that a client must be able to tell apart (404, 409, 422, ...) are
 //! problems with a slug. The typed errors of the layers below (authentication, the
@@ -8,10 +9,6 @@
 //! one place. Unexpected failures become [`Problem::internal`], whose body says nothing
 //! about the cause: the cause goes to the log, where an operator can read it, and never
 //! to the client.
-
-use http::{HeaderName, HeaderValue, StatusCode, header};
-use poem_openapi::Object;
-use serde::Serialize;
 
 use crate::{
     auth::AuthError,
@@ -23,13 +20,10 @@ use crate::{
 /// erasure takes seconds to minutes, paced.
 pub const ERASURE_RETRY_AFTER_SECS: u64 = 5;
 
-/// Media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
-
 /// The wire format of a problem (also the OpenAPI schema of every error response):
 /// `type`, `title` and `status` always, in that order; the others only when they say
 /// something (never `null`).
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, poem_openapi::Object, PartialEq)]
 #[oai(rename = "Problem", skip_serializing_if_is_none)]
 pub struct ProblemDetails {
     /// A URI reference naming the kind of problem: `/problems/<slug>`.
@@ -52,7 +46,7 @@ pub struct ProblemDetails {
 }
 
 /// One invalid input.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Object, PartialEq)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, poem_openapi::Object, PartialEq)]
 pub struct FieldError {
     /// The body field, query or path parameter, or header at fault, by name (`body` for
     /// the body as a whole).
@@ -61,7 +55,8 @@ pub struct FieldError {
     pub message: String,
 }
 
-/// The problem types; `title` texts are fixed per slug.
+/// What went wrong, as the application layer knows it. The transports add kinds of
+/// their own (a method not allowed, a body too large, ...: `api::problem`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     IdempotencyKeyMissing,
@@ -72,97 +67,63 @@ pub enum Kind {
     Unauthorized,
     Forbidden,
     NotFound,
-    MethodNotAllowed,
     TenantErasureInProgress,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    RateLimited,
     ServiceUnavailable,
     InternalError,
-    RequestTimeout,
-    UriTooLong,
-    HeadersTooLarge,
 }
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
 
 impl Kind {
-    pub fn slug(self) -> &'static str {
+    /// The `type` slug, the title and the status of each kind: the one table of them
+    /// (the status is part of an answer stored for replay, such as a cancel's 404).
+    pub fn describe(self) -> (&'static str, &'static str, u16) {
         match self {
-            Kind::IdempotencyKeyMissing => "idempotency-key-missing",
-            Kind::IdempotencyKeyInvalid => "idempotency-key-invalid",
-            Kind::IdempotencyKeyReused => "idempotency-key-reused",
-            Kind::IdempotencyKeyInFlight => "idempotency-key-in-flight",
-            Kind::ValidationError => "validation-error",
-            Kind::Unauthorized => "unauthorized",
-            Kind::Forbidden => "forbidden",
-            Kind::NotFound => "not-found",
-            Kind::MethodNotAllowed => "method-not-allowed",
-            Kind::TenantErasureInProgress => "tenant-erasure-in-progress",
-            Kind::PayloadTooLarge => "payload-too-large",
-            Kind::UnsupportedMediaType => "unsupported-media-type",
-            Kind::RateLimited => "rate-limited",
-            Kind::ServiceUnavailable => "service-unavailable",
-            Kind::InternalError => "internal-error",
-            Kind::RequestTimeout => "request-timeout",
-            Kind::UriTooLong => "uri-too-long",
-            Kind::HeadersTooLarge => "headers-too-large",
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Kind::IdempotencyKeyMissing => "Idempotency-Key header is required",
-            Kind::IdempotencyKeyInvalid => "Idempotency-Key header is malformed",
-            Kind::IdempotencyKeyReused => "Idempotency-Key was already used with another request",
-            Kind::IdempotencyKeyInFlight => "A request with this Idempotency-Key is in progress",
-            Kind::ValidationError => "The request is invalid",
-            Kind::Unauthorized => "Authentication is required",
-            Kind::Forbidden => "The token lacks the required scope",
-            Kind::NotFound => "Not found",
-            Kind::MethodNotAllowed => "Method not allowed",
-            Kind::TenantErasureInProgress => "The tenant's data is being erased",
-            Kind::PayloadTooLarge => "Payload too large",
-            Kind::UnsupportedMediaType => "Unsupported media type",
-            Kind::RateLimited => "Too many requests",
-            Kind::ServiceUnavailable => "Service unavailable",
-            Kind::InternalError => "Internal error",
-            Kind::RequestTimeout => "The request did not arrive in time",
-            Kind::UriTooLong => "URI too long",
-            Kind::HeadersTooLarge => "Request header fields too large",
-        }
-    }
-
-    pub fn status(self) -> StatusCode {
-        match self {
-            Kind::IdempotencyKeyMissing | Kind::IdempotencyKeyInvalid | Kind::ValidationError => {
-                StatusCode::BAD_REQUEST
-            }
-            Kind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Kind::IdempotencyKeyInFlight | Kind::TenantErasureInProgress => StatusCode::CONFLICT,
-            Kind::Unauthorized => StatusCode::UNAUTHORIZED,
-            Kind::Forbidden => StatusCode::FORBIDDEN,
-            Kind::NotFound => StatusCode::NOT_FOUND,
-            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Kind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            Kind::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Kind::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
-            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Kind::UriTooLong => StatusCode::URI_TOO_LONG,
-            Kind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Kind::IdempotencyKeyMissing => (
+                "idempotency-key-missing",
+                "Idempotency-Key header is required",
+                400,
+            ),
+            Kind::IdempotencyKeyInvalid => (
+                "idempotency-key-invalid",
+                "Idempotency-Key header is malformed",
+                400,
+            ),
+            Kind::IdempotencyKeyReused => (
+                "idempotency-key-reused",
+                "Idempotency-Key was already used with another request",
+                422,
+            ),
+            Kind::IdempotencyKeyInFlight => (
+                "idempotency-key-in-flight",
+                "A request with this Idempotency-Key is in progress",
+                409,
+            ),
+            Kind::ValidationError => ("validation-error", "The request is invalid", 400),
+            Kind::Unauthorized => ("unauthorized", "Authentication is required", 401),
+            Kind::Forbidden => ("forbidden", "The token lacks the required scope", 403),
+            Kind::NotFound => ("not-found", "Not found", 404),
+            Kind::TenantErasureInProgress => (
+                "tenant-erasure-in-progress",
+                "The tenant's data is being erased",
+                409,
+            ),
+            Kind::ServiceUnavailable => ("service-unavailable", "Service unavailable", 503),
+            Kind::InternalError => ("internal-error", "Internal error", 500),
         }
     }
 }
 
-/// An error answered to the client as problem+json.
+/// An expected refusal or an unexpected failure of an operation, for every transport.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{}: {}", kind.slug(), detail.as_deref().unwrap_or(kind.title()))]
+#[error("{kind:?}: {}", detail.as_deref().unwrap_or("no detail"))]
 pub struct Problem {
     pub kind: Kind,
     pub detail: Option<String>,
     pub errors: Option<Vec<FieldError>>,
-    /// Extra response headers (`Retry-After`, `WWW-Authenticate`).
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Seconds a client should wait before it tries again, when that helps.
+    pub retry_after: Option<u64>,
 }
 
 impl Problem {
@@ -171,7 +132,7 @@ impl Problem {
             kind,
             detail: None,
             errors: None,
-            headers: Vec::new(),
+            retry_after: None,
         }
     }
 
@@ -180,8 +141,8 @@ impl Problem {
         self
     }
 
-    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
-        self.headers.push((name, value));
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 
@@ -210,20 +171,12 @@ impl Problem {
             .with_detail(
                 "this tenant's data is being erased; writes are refused until the erasure ends",
             )
-            .with_header(
-                header::RETRY_AFTER,
-                HeaderValue::from(ERASURE_RETRY_AFTER_SECS),
-            )
+            .with_retry_after(ERASURE_RETRY_AFTER_SECS)
     }
 
-    /// 401 with the RFC 6750 challenge.
+    /// The token is missing or does not verify.
     pub fn unauthorized(detail: impl Into<String>) -> Self {
-        Self::new(Kind::Unauthorized)
-            .with_detail(detail)
-            .with_header(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(r#"Bearer error="invalid_token""#),
-            )
+        Self::new(Kind::Unauthorized).with_detail(detail)
     }
 
     /// A `validation-error` naming every field at fault, in order.
@@ -238,31 +191,26 @@ impl Problem {
             .with_errors(errors)
     }
 
+    /// The problem+json body (REST's error body, MCP's refusal text, and the body of a
+    /// refusal stored for replay).
+    pub fn details(&self) -> ProblemDetails {
+        let (slug, title, status) = self.kind.describe();
+        ProblemDetails {
+            kind: format!("/problems/{slug}"),
+            title: title.to_string(),
+            status,
+            detail: self.detail.clone(),
+            instance: None,
+            errors: self.errors.clone(),
+        }
+    }
+
     /// One field at fault.
     pub fn invalid_field(field: &str, message: &str) -> Self {
         Self::invalid(vec![FieldError {
             field: field.into(),
             message: message.into(),
         }])
-    }
-
-    /// How many seconds the problem says to wait before retrying, if it says so.
-    pub fn retry_after(&self) -> Option<u64> {
-        self.headers
-            .iter()
-            .find(|(name, _)| name == header::RETRY_AFTER)
-            .and_then(|(_, value)| value.to_str().ok()?.parse().ok())
-    }
-
-    pub fn details(&self) -> ProblemDetails {
-        ProblemDetails {
-            kind: format!("/problems/{}", self.kind.slug()),
-            title: self.kind.title().to_string(),
-            status: self.kind.status().as_u16(),
-            detail: self.detail.clone(),
-            instance: None,
-            errors: self.errors.clone(),
-        }
     }
 }
 
@@ -280,7 +228,7 @@ impl From<sqlx::Error> for Problem {
             _ => false,
         };
         if transient {
-            Problem::unavailable(err).with_header(header::RETRY_AFTER, HeaderValue::from(1))
+            Problem::unavailable(err).with_retry_after(1)
         } else {
             Problem::internal(err)
         }
@@ -327,7 +275,7 @@ impl From<GuardError<Problem>> for Problem {
                     .with_detail(
                         "a request with this Idempotency-Key is still being processed; retry shortly",
                     )
-                    .with_header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)))
+                    .with_retry_after(retry_after.as_secs().max(1))
             }
             GuardError::Operation(problem) => problem,
             GuardError::Db(e) => e.into(),

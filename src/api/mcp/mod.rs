@@ -32,7 +32,7 @@ pub use self::tools::OrderTools;
 use super::{
     Shared,
     limits::TenantLimiter,
-    problem::{Kind, Problem},
+    problem::{AppKind, Problem},
     routes::Route,
 };
 use crate::{
@@ -82,7 +82,7 @@ impl Mcp {
         let bytes = body
             .into_bytes()
             .await
-            .map_err(|e| Problem::new(Kind::ValidationError).with_detail(e.to_string()))?;
+            .map_err(|e| Problem::app(AppKind::ValidationError).with_detail(e.to_string()))?;
         // Every MCP request counts against the caller's tenant limits. A tool call is
         // admitted by the tool itself, which answers a refusal as a tool result the
         // model can read; everything else (initialize, listings, pings, notifications)
@@ -132,7 +132,7 @@ pub fn check_origin(headers: &http::HeaderMap, allowed: &[String]) -> Result<(),
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or_default();
         if !allowed.iter().any(|allowed| allowed == origin) {
-            return Err(Problem::new(Kind::Forbidden).with_detail(format!(
+            return Err(Problem::app(AppKind::Forbidden).with_detail(format!(
                 "requests from the browser origin `{origin}` are not allowed here"
             )));
         }

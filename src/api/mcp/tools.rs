@@ -27,7 +27,7 @@ use crate::{
     api::{
         body::create_order_schema,
         limits::TenantLimiter,
-        problem::{Kind, Problem},
+        problem::{AppKind, Problem},
         routes::Route,
     },
     idempotency::IdempotencyKey,
@@ -156,7 +156,7 @@ impl OrderTools {
     /// Parses the tool's arguments and calls its operation.
     async fn call(&self, caller: &Caller, name: &str, args: JsonObject) -> Result<Reply, Problem> {
         let tool = Tool::named(name).ok_or_else(|| {
-            Problem::new(Kind::NotFound).with_detail(format!("there is no tool `{name}`"))
+            Problem::app(AppKind::NotFound).with_detail(format!("there is no tool `{name}`"))
         })?;
         // Only tool calls count against the tenant's limits (not initialize or the
         // listing of tools), and they count like the REST call they stand for.
@@ -166,18 +166,24 @@ impl OrderTools {
             Tool::CreateOrder => {
                 let key = request_id(&mut fields)?;
                 let new = NewOrder::parse(&fields)?;
-                self.service.create(caller, key, new).await
+                self.service
+                    .create(caller, key, new)
+                    .await
+                    .map_err(Problem::from)
             }
             Tool::CancelOrder => {
                 let key = request_id(&mut fields)?;
                 let id = order_id(&mut fields)?;
                 refuse_unknown(&fields)?;
-                self.service.cancel(caller, key, id).await
+                self.service
+                    .cancel(caller, key, id)
+                    .await
+                    .map_err(Problem::from)
             }
             Tool::GetOrder => {
                 let id = order_id(&mut fields)?;
                 refuse_unknown(&fields)?;
-                self.service.get(caller, id).await
+                self.service.get(caller, id).await.map_err(Problem::from)
             }
             Tool::ListOrders => {
                 let limit = match fields.remove("limit") {
@@ -203,7 +209,10 @@ impl OrderTools {
                     }
                 };
                 refuse_unknown(&fields)?;
-                self.service.list(caller, limit, after.as_deref()).await
+                self.service
+                    .list(caller, limit, after.as_deref())
+                    .await
+                    .map_err(Problem::from)
             }
         }
     }
@@ -464,7 +473,7 @@ mod tests {
 
     #[test]
     fn a_409_refusal_says_when_to_retry() {
-        let problem = Problem::new(Kind::IdempotencyKeyInFlight)
+        let problem = Problem::app(AppKind::IdempotencyKeyInFlight)
             .with_header(http::header::RETRY_AFTER, http::HeaderValue::from(2));
         let result = refusal(&problem);
         assert_eq!(result.is_error, Some(true));

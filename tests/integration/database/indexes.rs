@@ -171,7 +171,7 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     assert!(after.contains("orders_tenant_newest"), "{after}");
 
     let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
-    let orders = plan(&db, reconcile::ORDERS_BATCH_SQL, |q| {
+    let orders = plan(&db, &reconcile::ORDERS_BATCH_SQL, |q| {
         q.bind(86_400f64)
             .bind(epoch)
             .bind(Uuid::nil())
