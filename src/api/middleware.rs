@@ -21,11 +21,11 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use poem_openapi::error::{ParseParamError, ParsePathError};
 
 use super::{
-    problem::{AppKind, Kind, Problem},
+    problem::{AppKind, AppProblem, Kind, Problem},
     routes::Route,
     server::Conn,
 };
-use crate::{metrics, telemetry, trace_context::TraceContext};
+use crate::{metrics, service::LIMIT_MAX, telemetry, trace_context::TraceContext};
 use tracing::Instrument;
 
 /// Largest accepted request body.
@@ -233,16 +233,19 @@ pub fn to_problem(err: poem::Error) -> Problem {
     if let Some(problem) = err.downcast_ref::<Problem>() {
         return problem.clone();
     }
+    if let Some(problem) = err.downcast_ref::<AppProblem>() {
+        return problem.clone().into();
+    }
     if err.is::<ParsePathError>() {
         // The only path parameter of the API is an order id.
         return invalid("id", "must be a UUID");
     }
     if let Some(param) = err.downcast_ref::<ParseParamError>() {
         let message = match param.name {
-            "limit" => "must be a whole number from 1 to 100",
-            _ => "is not valid here",
+            "limit" => format!("must be a whole number from 1 to {LIMIT_MAX}"),
+            _ => "is not valid here".to_string(),
         };
-        return invalid(param.name, message);
+        return invalid(param.name, &message);
     }
     match err.status() {
         StatusCode::UNAUTHORIZED => Problem::unauthorized("a bearer token is required"),

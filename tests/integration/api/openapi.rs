@@ -71,6 +71,14 @@ async fn swagger_ui_and_probes_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_when_the_database_is_gone() {
     let app = spawn_app().await;
+    // Served once the app finished starting (it reads the database at start).
+    let up = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status(), 200);
     let _gone = cut_off(&app.db.name).await;
     let reply = Reply::read(
         app.client
