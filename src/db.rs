@@ -138,11 +138,6 @@ impl<'c> Sql<'c> {
     pub fn conn(&mut self) -> &mut PgConnection {
         self.conn
     }
-
-    /// How this connection's statements are sent.
-    pub fn statements(&self) -> Statements {
-        self.statements
-    }
 }
 
 /// One pooled connection, and whether its last user finished with it cleanly.

@@ -300,21 +300,27 @@ fn grouped_imports_are_read_at_their_first_level() {
     assert_eq!(found, want);
 }
 
-/// Every `.rs` file under `src/`.
+/// Every `.rs` file under `src/`: each top-level module's, and `lib.rs` and `main.rs`.
 fn all_sources() -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut dirs = vec![Path::new(ROOT).join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
+    let src = Path::new(ROOT).join("src");
+    let mut files: Vec<PathBuf> = graph().keys().flat_map(|m| files_of(m)).collect();
+    files.extend(["lib.rs", "main.rs"].map(|f| src.join(f)));
+    files
+}
+
+/// `file: needle` for each of `needles` that the code of each of `files` (without
+/// comments and unit tests) contains.
+fn mentions(files: impl IntoIterator<Item = PathBuf>, needles: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files {
+        let text = without_tests(&fs::read_to_string(&file).unwrap());
+        for needle in needles {
+            if text.contains(needle) {
+                found.push(format!("{}: {needle}", file.display()));
             }
         }
     }
-    files
+    found
 }
 
 /// SQL reaches PostgreSQL one way, through `db::Sql`, which carries the statement mode
@@ -322,23 +328,17 @@ fn all_sources() -> Vec<PathBuf> {
 /// else could be sent the wrong way and would fail only behind PgBouncer.
 #[test]
 fn sql_is_sent_only_through_the_executor() {
-    let mut found = Vec::new();
-    for file in all_sources() {
-        if file.ends_with("src/db.rs") {
-            continue;
-        }
-        let text = without_tests(&fs::read_to_string(&file).unwrap());
-        for needle in [
+    let found = mentions(
+        all_sources()
+            .into_iter()
+            .filter(|f| !f.ends_with("src/db.rs")),
+        &[
             "sqlx::query",
             "sqlx::raw_sql",
             ".persistent(",
             "Statements::",
-        ] {
-            if text.contains(needle) {
-                found.push(format!("{}: {needle}", file.display()));
-            }
-        }
-    }
+        ],
+    );
     assert!(
         found.is_empty(),
         "build statements with db::Sql instead:\n{}",
@@ -421,21 +421,16 @@ fn every_path_the_architecture_names_exists() {
 /// no server framework in `service`; the transports map its problems to theirs.
 #[test]
 fn the_application_layer_names_no_http_type() {
-    let mut found = Vec::new();
-    for file in files_of("service") {
-        let text = without_tests(&fs::read_to_string(&file).unwrap());
-        for needle in [
+    let found = mentions(
+        files_of("service"),
+        &[
             "http::",
             "poem::",
             "HeaderName",
             "HeaderValue",
             "StatusCode",
-        ] {
-            if text.contains(needle) {
-                found.push(format!("{}: {needle}", file.display()));
-            }
-        }
-    }
+        ],
+    );
     assert!(
         found.is_empty(),
         "HTTP in the application layer:\n{}",
