@@ -142,3 +142,19 @@ create_pairs() {
     done
     PAIR_RATIOS="$(cut -d' ' -f1 <<<"${ratios%$'\n'}" | tr '\n' ' ')"
 }
+
+# The replay beside GET /healthz in PAIRS alternating pairs at $1 connections, the pair
+# with the median ratio kept as replay-$1 and healthz-$1 (a single pair of the same build
+# spread from 0.71 to 0.91 on this shared machine); sets REPLAY_RATIOS. KEY must name a
+# completed create.
+replay_pairs() {
+    local c="$1" i ratios="" median f
+    for i in $(seq 1 "$PAIRS"); do
+        run_wrk replay "$c" "$OUT/replay-$c-$i" "$KEY"
+        run_wrk healthz "$c" "$OUT/healthz-$c-$i"
+        ratios+="$(python3 -c "print(f'{$(wrk_rate "$OUT/replay-$c-$i") / $(wrk_rate "$OUT/healthz-$c-$i"):.2f} $i')")"$'\n'
+    done
+    median="$(sort -n <<<"${ratios%$'\n'}" | sed -n "$(( (PAIRS + 1) / 2 ))p" | cut -d' ' -f2)"
+    for f in replay healthz; do cp "$OUT/$f-$c-$median" "$OUT/$f-$c"; done
+    REPLAY_RATIOS="$(cut -d' ' -f1 <<<"${ratios%$'\n'}" | tr '\n' ' ')"
+}

@@ -314,7 +314,7 @@ async fn write_orders(
                             status: 201,
                             location: None,
                             content_type: None,
-                            body: order.id.to_string().into_bytes(),
+                            body: order.id.to_string().into_bytes().into(),
                             resource: Some(order.id),
                         };
                         let written =

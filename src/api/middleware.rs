@@ -12,6 +12,7 @@
 
 use std::{sync::Arc, time::Instant};
 
+use futures::FutureExt;
 use poem::{
     Body, Endpoint, IntoResponse, Request, Response,
     http::{HeaderValue, StatusCode, header},
@@ -133,12 +134,20 @@ pub async fn limit_body<E: Endpoint>(inner: Arc<E>, mut req: Request) -> poem::R
     let conn = req.extensions().get::<Arc<Conn>>().cloned();
     let buffered = match &conn {
         _ if !Route::of_path(&path).takes_body(req.method()) => Ok(()),
-        Some(conn) => tokio::time::timeout_at(conn.request_deadline(), buffer_body(&mut req))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Problem::new(Kind::RequestTimeout)
-                    .with_detail("the request body did not arrive in time"))
-            }),
+        Some(conn) => {
+            // A body that came with its head (most do) is read without arming the
+            // deadline's timer, which costs a replay more than reading the body does.
+            let mut buffering = std::pin::pin!(buffer_body(&mut req));
+            match buffering.as_mut().now_or_never() {
+                Some(buffered) => buffered,
+                None => tokio::time::timeout_at(conn.request_deadline(), buffering)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Problem::new(Kind::RequestTimeout)
+                            .with_detail("the request body did not arrive in time"))
+                    }),
+            }
+        }
         None => buffer_body(&mut req).await,
     };
     if let Some(conn) = &conn {

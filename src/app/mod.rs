@@ -5,6 +5,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 mod config;
 
@@ -19,6 +20,7 @@ use crate::{
     db::{self, Db},
     erasure::{self, Erasures},
     idempotency::Guard,
+    metrics,
     outbox::{
         self,
         publisher::Publisher,
@@ -28,7 +30,7 @@ use crate::{
     reconcile,
     retention::{self, Purges},
     service::Service,
-    supervisor::{Supervisor, shutdown_signal},
+    supervisor::{Every, First, Run, Schedule, Supervisor, shutdown_signal},
 };
 
 /// How long shutdown waits for in-flight requests before closing connections.
@@ -320,8 +322,10 @@ fn limits(config: &Config) -> Limits {
     }
 }
 
-/// The jobs every long-running process runs: the outbox gauges and its purges.
+/// The jobs every long-running process runs: the metrics' upkeep, the outbox gauges and
+/// its purges.
 fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: Purges) {
+    supervisor.spawn("metrics upkeep", drain_histograms);
     let gauges_db = db.clone();
     supervisor.spawn("outbox gauges", |token| {
         outbox::gauges::run(gauges_db, token)
@@ -331,6 +335,21 @@ fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: 
     supervisor.spawn("retention purges", move |token| {
         retention::run(purge_db, interval, purges, token)
     });
+}
+
+/// Keeps the metrics recorder's memory bounded until `shutdown`
+/// (`metrics::drain_histograms` says why it must be called).
+async fn drain_histograms(shutdown: CancellationToken) {
+    let every = Every {
+        interval: metrics::UPKEEP_INTERVAL,
+        first: First::AfterInterval,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("metrics upkeep", every, shutdown);
+    while schedule.next().await {
+        metrics::drain_histograms();
+        schedule.ran(Run::Done);
+    }
 }
 
 /// Binds `bind` (named by the setting `variable` in errors); returns the acceptor and

@@ -195,7 +195,7 @@ mod tests {
             status: 201,
             location: Some("/v1/orders/x".into()),
             content_type: Some("application/json".into()),
-            body: body.as_bytes().to_vec(),
+            body: body.as_bytes().to_vec().into(),
             resource: None,
         }
     }

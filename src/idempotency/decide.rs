@@ -92,7 +92,7 @@ mod tests {
                     status: 201,
                     location: None,
                     content_type: None,
-                    body: b"{}".to_vec(),
+                    body: bytes::Bytes::from_static(b"{}"),
                     resource: None,
                 },
                 sealed_with: None,

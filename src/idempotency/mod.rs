@@ -335,8 +335,9 @@ impl Guard {
                     else {
                         unreachable!("decide replays completed records only")
                     };
-                    response.body =
-                        self.open(scope, &response, sealed_with.as_deref(), seal_version)?;
+                    response.body = self
+                        .open(scope, &response, sealed_with.as_deref(), seal_version)?
+                        .into();
                     let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
                     self.cache
                         .remember(scope, *fingerprint, &response, sent, remaining);
@@ -467,7 +468,7 @@ impl Guard {
         self.sealer
             .open(
                 store::binding(scope, response),
-                response.body.clone(),
+                response.body.to_vec(),
                 sealed_with,
                 seal_version,
             )

@@ -11,7 +11,7 @@ pub struct StoredResponse {
     pub status: u16,
     pub location: Option<String>,
     pub content_type: Option<String>,
-    pub body: Vec<u8>,
+    pub body: bytes::Bytes,
     /// The resource the answer names (an order's id), stored in clear beside a body
     /// that may be sealed, so that an audit can find it without opening the body.
     pub resource: Option<Uuid>,

@@ -471,7 +471,7 @@ impl Row {
                             status: u16::try_from(status).map_err(|_| corrupt("status"))?,
                             location: self.response_location,
                             content_type: self.response_content_type,
-                            body,
+                            body: body.into(),
                             resource: self.resource_id,
                         },
                         sealed_with: self.response_key_id,

@@ -336,7 +336,7 @@ mod tests {
             status: 201,
             location: None,
             content_type: None,
-            body: b"{}".to_vec(),
+            body: bytes::Bytes::from_static(b"{}"),
             resource: Some(order.id),
         };
         let event = event(tenant, EventType::OrderCreated, &order, None);

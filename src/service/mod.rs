@@ -132,7 +132,7 @@ fn json(status: u16, value: &impl Serialize) -> StoredResponse {
         status,
         location: None,
         content_type: Some(JSON.to_string()),
-        body: view::render(value),
+        body: view::render(value).into(),
         resource: None,
     }
 }
@@ -155,7 +155,9 @@ fn refusal(problem: &Problem, instance: String) -> StoredResponse {
         status: details.status,
         location: None,
         content_type: Some(problem::PROBLEM_JSON.to_string()),
-        body: serde_json::to_vec(&details).expect("problem details always serialise"),
+        body: serde_json::to_vec(&details)
+            .expect("problem details always serialise")
+            .into(),
         resource: None,
     }
 }

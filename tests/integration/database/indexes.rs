@@ -113,7 +113,7 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
         status: 201,
         location: None,
         content_type: None,
-        body: vec![0u8],
+        body: vec![0u8].into(),
         resource: None,
     };
     let completion = idem::Completion::new(&fence, &response).unwrap();

@@ -288,7 +288,7 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
         status: 201,
         location: None,
         content_type: Some("application/json".into()),
-        body: b"{}".to_vec(),
+        body: b"{}".to_vec().into(),
         resource: None,
     };
     let mut fence = Fence {

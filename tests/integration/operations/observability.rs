@@ -174,6 +174,37 @@ async fn metrics_count_each_idempotency_outcome_once_and_logs_say_who_and_how() 
     assert!(fields["latency_ms"].as_f64().is_some());
 }
 
+/// The exporter keeps each raw latency observation until something folds it into the
+/// buckets; a process must do that on its own, scraped or not, or its memory grows with
+/// every request. The job runs on its own schedule, and no observation is lost by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_upkeep_runs_unscraped_and_keeps_every_observation() {
+    let db = TestDb::new().await;
+    let serve = ServeProcess::start(&db, &[]);
+    let client = reqwest::Client::new();
+    for _ in 0..50 {
+        let response = client
+            .get(format!("{}/healthz", serve.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    const UPKEEP: &str = r#"background_job_runs_total{job="metrics upkeep",outcome="ok"}"#;
+    let metrics = serve
+        .metrics_until(|m| sample(m, UPKEEP).is_some_and(|runs| runs >= 1.0))
+        .await;
+    assert!(
+        sample(&metrics, UPKEEP).is_some_and(|runs| runs >= 1.0),
+        "{metrics}"
+    );
+    let observed = sample(
+        &metrics,
+        r#"http_request_duration_seconds_count{method="GET",route="/healthz"}"#,
+    );
+    assert!(observed.is_some_and(|n| n >= 50.0), "{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_id_is_echoed_or_generated() {
     let db = TestDb::new().await;

@@ -256,7 +256,7 @@ pub async fn create_order_in(
         status: 201,
         location: None,
         content_type: Some("application/json".into()),
-        body: b"{}".to_vec(),
+        body: b"{}".to_vec().into(),
         resource: Some(order.id),
     };
     let written = orderd::orders::store::create(
