@@ -84,7 +84,25 @@ enum Scenario {
         pairs: u32,
         #[arg(long, value_enum, default_value_t = Target::Immediate)]
         publisher: Target,
+        /// What else lies in the table beside the backlog, and whose ids.
+        #[arg(long, value_enum, default_value_t = Condition::Due)]
+        condition: Condition,
     },
+}
+
+/// The conditions the fairness scenario is run in; none runs `ANALYZE` after laying
+/// the backlog down, as none of the operators' backlogs (an import, a re-drive, a
+/// refusing sink) is followed by one.
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
+enum Condition {
+    /// The backlog alone, all of it due.
+    Due,
+    /// Forty tenants whose ids are sequential: the lowest has the backlog, and the
+    /// writes go to the other 39 in turn.
+    Sequential,
+    /// Beside the due backlog, as many events again in retry backoff for an hour and a
+    /// tenth of that waiting behind DEAD events (ten behind each), all of one tenant.
+    Waiting,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -231,7 +249,7 @@ async fn latency(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let total = rate * seconds;
     let started = Instant::now();
-    let committed = write_orders(&db, &config, TenantId(Uuid::new_v4()), rate, total).await;
+    let committed = write_orders(&db, &config, vec![TenantId(Uuid::new_v4())], rate, total).await;
     let write_secs = started.elapsed().as_secs_f64();
     until_published(&pool).await;
     let shares = commit_to_ack(&stamped, &committed);
@@ -282,7 +300,7 @@ async fn start_relay(
 async fn write_orders(
     db: &Db,
     config: &Config,
-    tenant: TenantId,
+    tenants: Vec<TenantId>,
     rate: u32,
     total: u32,
 ) -> Vec<(Uuid, Instant)> {
@@ -296,9 +314,10 @@ async fn write_orders(
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut writers = tokio::task::JoinSet::new();
-    for _ in 0..total {
+    for i in 0..total {
         tick.tick().await;
         let (guard, new) = (guard.clone(), new.clone());
+        let tenant = tenants[i as usize % tenants.len()];
         writers.spawn(async move {
             let scope = Scope {
                 tenant,
@@ -388,10 +407,55 @@ async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
     .await
     .expect("seed the backlog");
     tx.commit().await.expect("commit the backlog");
-    sqlx::query("ANALYZE outbox_event")
-        .execute(pool)
+}
+
+/// What the `waiting` condition lays down beside the backlog, of `tenant`: `events` in
+/// backoff for an hour, and `events / 10` behind DEAD events, ten behind each.
+async fn seed_waiting(pool: &sqlx::PgPool, events: i64, tenant: Uuid) {
+    let mut tx = pool.begin().await.expect("a transaction");
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
         .await
-        .expect("analyze");
+        .expect("no timeout");
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at, attempts)
+         SELECT $2, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{\"event_type\": \"OrderCreated\"}', now(),
+                now() + interval '1 hour', 1
+         FROM generate_series(1, $1)",
+    )
+    .bind(events)
+    .bind(tenant)
+    .execute(&mut *tx)
+    .await
+    .expect("seed the backoff");
+    sqlx::query(
+        "WITH heads AS (SELECT gen_random_uuid() AS id FROM generate_series(1, $1 / 100))
+         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at, status, attempts, last_error)
+         SELECT $2, gen_random_uuid(), h.id, s, 'OrderCreated', '{\"event_type\": \"OrderCreated\"}', now(), now(),
+                CASE WHEN s = 1 THEN 'DEAD' ELSE 'PENDING' END, CASE WHEN s = 1 THEN 1 ELSE 0 END,
+                CASE WHEN s = 1 THEN 'refused' END
+         FROM heads h CROSS JOIN generate_series(1, 11) s",
+    )
+    .bind(events)
+    .bind(tenant)
+    .execute(&mut *tx)
+    .await
+    .expect("seed the dead heads");
+    tx.commit().await.expect("commit the waiting rows");
+}
+
+/// The backlog of `events` (see [`seed_backlog`]), with what `condition` adds.
+async fn lay_down(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>, condition: Condition) {
+    seed_backlog(pool, events, tenant).await;
+    if let (Condition::Waiting, Some(tenant)) = (condition, tenant) {
+        seed_waiting(pool, events, tenant).await;
+    }
+}
+
+/// A tenant id of the `sequential` condition.
+fn sequential(n: u128) -> Uuid {
+    Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0000 + n)
 }
 
 /// Waits, cheaply, until no event is PENDING: an existence check on the pending index,
@@ -401,7 +465,7 @@ async fn until_drained(pool: &sqlx::PgPool, started: Instant) -> f64 {
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let pending: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'PENDING')",
+            "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'PENDING' AND next_attempt_at <= now())",
         )
         .fetch_one(pool)
         .await
@@ -419,9 +483,10 @@ async fn drain_once(
     publisher: Arc<dyn Publisher>,
     events: i64,
     tenant: Option<Uuid>,
+    condition: Condition,
 ) -> (sqlx::PgPool, f64) {
     let (_db, pool) = fresh(config).await;
-    seed_backlog(&pool, events, tenant).await;
+    lay_down(&pool, events, tenant, condition).await;
     let stop = CancellationToken::new();
     let started = Instant::now();
     let running = start_relay(config, publisher, true, &stop).await;
@@ -434,7 +499,7 @@ async fn drain_once(
 /// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
 /// drain them.
 async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let (pool, secs) = drain_once(&config, publisher, events, None).await;
+    let (pool, secs) = drain_once(&config, publisher, events, None, Condition::Due).await;
     let published: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'")
             .fetch_one(&pool)
@@ -458,16 +523,24 @@ async fn fairness(
     events: i64,
     rate: u32,
     pairs: u32,
+    condition: Condition,
 ) {
-    let noisy = Uuid::new_v4();
+    let (noisy, quiet) = match condition {
+        Condition::Sequential => (
+            sequential(1),
+            (2..=40).map(|n| TenantId(sequential(n))).collect(),
+        ),
+        _ => (Uuid::new_v4(), vec![TenantId(Uuid::new_v4())]),
+    };
     let mut ratios = Vec::new();
     let mut rates = Vec::new();
     let mut shares = Vec::new();
     for _ in 0..pairs {
-        let (_, secs) = drain_once(&config, publisher.clone(), events, Some(noisy)).await;
+        let (_, secs) =
+            drain_once(&config, publisher.clone(), events, Some(noisy), condition).await;
         let alone = events as f64 / secs;
         let (db, pool) = fresh(&config).await;
-        seed_backlog(&pool, events, Some(noisy)).await;
+        lay_down(&pool, events, Some(noisy), condition).await;
         let stamped = Arc::new(Stamped {
             inner: publisher.clone(),
             acknowledged: Mutex::new(HashMap::new()),
@@ -479,9 +552,8 @@ async fn fairness(
         // alone), then the backlog's drain time is taken.
         let seconds = (events as f64 / alone).max(1.0);
         let total = ((seconds * rate as f64) as u32).max(1);
-        let quiet = TenantId(Uuid::new_v4());
         let writes = tokio::spawn({
-            let (db, config) = (db.clone(), config.clone());
+            let (db, config, quiet) = (db.clone(), config.clone(), quiet.clone());
             async move { write_orders(&db, &config, quiet, rate, total).await }
         });
         let secs = until_drained(&pool, started).await;
@@ -498,7 +570,11 @@ async fn fairness(
     let mut sorted = ratios.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "fairness: a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "fairness ({}): a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        condition
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default(),
         sorted[sorted.len() / 2],
         rates.join(", "),
         shares.len(),
@@ -535,10 +611,11 @@ async fn main() {
             rate,
             pairs,
             publisher: target,
+            condition,
         } => {
             let config = config(&args.database_url, 500);
             let publisher = publisher(target, &config).await;
-            fairness(config, publisher, events, rate, pairs.max(1)).await;
+            fairness(config, publisher, events, rate, pairs.max(1), condition).await;
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU32, Ordering},
     },
     time::Duration,
@@ -27,7 +27,11 @@ use super::{
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
 };
-use crate::{db::Db, metrics, telemetry, trace_context::TraceContext};
+use crate::{
+    db::{Db, Sql},
+    metrics, telemetry,
+    trace_context::TraceContext,
+};
 
 /// The NOTIFY channel the `outbox_event` insert trigger signals.
 pub const CHANNEL: &str = "outbox_event";
@@ -46,6 +50,8 @@ pub struct Round {
     pub call_failure: Option<PublishError>,
     /// How long the relay pauses before its next round, when calls failed as a whole.
     pub pause: Option<Duration>,
+    /// Due events set aside until an earlier event of their order is published.
+    pub parked: usize,
 }
 
 pub struct Relay {
@@ -62,6 +68,9 @@ pub struct Relay {
     listen: bool,
     /// Consecutive rounds whose calls all failed as a whole: the relay's own backoff.
     failed_rounds: AtomicU32,
+    /// The last tenant the previous round visited: the next round's walk goes on from
+    /// there (`store::PENDING_TENANTS`).
+    cursor: Mutex<Uuid>,
 }
 
 impl Relay {
@@ -85,6 +94,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             listen: true,
             failed_rounds: AtomicU32::new(0),
+            cursor: Mutex::new(Uuid::nil()),
         }
     }
 
@@ -163,7 +173,13 @@ impl Relay {
                 // round beside another relay's may come out short of a full batch, its
                 // rows taken by the other; waiting for the poll then would halve the
                 // drain.)
-                Ok(round) if 2 * round.claimed as u32 >= self.config.batch_size => continue,
+                // Parked rows mean the claim read rows that had to wait instead of
+                // due ones: more may be due behind them.
+                Ok(round)
+                    if 2 * round.claimed as u32 >= self.config.batch_size || round.parked > 0 =>
+                {
+                    continue;
+                }
                 Ok(_) => None,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox round failed; retrying after the poll interval");
@@ -191,13 +207,24 @@ impl Relay {
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
-        let store::Claimed {
-            events: batch,
-            unreadable,
-        } = self
+        let after = *self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let batch_size = i64::from(self.config.batch_size);
+        let (
+            now,
+            store::Claimed {
+                events: batch,
+                unreadable,
+                parked,
+            },
+        ) = self
             .db
             .run(async |c| {
-                store::claim_due(c, self.config.batch_size as i64, lease_ms, claim).await
+                let start = store::pending_tenants(c, after, store::FAIR_TENANTS_PER_CLAIM).await?;
+                let claimed = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
+                if let Some(last) = start.tenants.last() {
+                    *self.cursor.lock().unwrap_or_else(|e| e.into_inner()) = *last;
+                }
+                Ok::<_, sqlx::Error>((start.now, claimed))
             })
             .await?;
         if !unreadable.is_empty() {
@@ -207,6 +234,7 @@ impl Relay {
             return Ok(Round {
                 claimed: unreadable.len(),
                 dead: unreadable.len(),
+                parked,
                 ..Round::default()
             });
         }
@@ -226,6 +254,7 @@ impl Relay {
 
         let mut round = Round {
             claimed: batch.len() + unreadable.len(),
+            parked,
             ..Round::default()
         };
         let mut published = Vec::new();
@@ -256,8 +285,14 @@ impl Relay {
         // event of each order may go.
         self.db
             .run(async |c| {
-                store::mark_published(c, &published, claim).await?;
-                store::mark_failed(c, &failures, claim).await
+                for (tenant, events) in by_tenant(&published, |e| e.0) {
+                    let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
+                    store::mark_published(c, tenant, &ids, claim, now).await?;
+                }
+                for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
+                    store::mark_failed(c, tenant, &failures, claim).await?;
+                }
+                Ok::<_, sqlx::Error>(())
             })
             .await?;
         if not_sent.is_empty() || !published.is_empty() {
@@ -270,7 +305,13 @@ impl Relay {
             let pause = self.backoff.next(failed_rounds);
             let pause_ms = pause.as_millis() as i64;
             self.db
-                .run(async |c| store::put_back(c, &not_sent, claim, pause_ms).await)
+                .run(async |c| {
+                    for (tenant, events) in by_tenant(&not_sent, |e| e.0) {
+                        let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
+                        store::put_back(c, tenant, &ids, claim, pause_ms).await?;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                })
                 .await?;
             round.pause = published.is_empty().then_some(pause);
         }
@@ -289,7 +330,12 @@ impl Relay {
             tracing::error!(event_id = %row.event_id, tenant = %row.tenant_id, error = %row.reason, "outbox row cannot be read; set aside as DEAD");
         }
         self.db
-            .run(async |c| store::set_aside(c, rows, claim).await)
+            .run(async |c| {
+                for (tenant, rows) in by_tenant(rows, |r| r.tenant_id) {
+                    store::set_aside(c, tenant, &rows, claim).await?;
+                }
+                Ok::<_, sqlx::Error>(())
+            })
             .await?;
         Ok(())
     }
@@ -313,6 +359,60 @@ impl Relay {
             error: format!("{}: {}", error.reason, error.detail),
         }
     }
+}
+
+/// Claims up to `batch` due events of the round's tenants, one statement per tenant:
+/// each gets an equal share first (so one tenant's backlog cannot crowd out another's
+/// few events), then what the shares left of the batch goes, in the walk's order, to the
+/// tenants that filled theirs and may have more (so a lone backlog still drains in full
+/// batches).
+async fn claim_fairly(
+    sql: &mut Sql<'_>,
+    start: &store::RoundStart,
+    batch: i64,
+    lease_ms: i64,
+    claim: Uuid,
+) -> sqlx::Result<store::Claimed> {
+    let mut claimed = store::Claimed::default();
+    if start.tenants.is_empty() {
+        return Ok(claimed);
+    }
+    let share = (batch / start.tenants.len() as i64).max(1);
+    let mut more = Vec::new();
+    let taken = |c: &store::Claimed| (c.events.len() + c.unreadable.len()) as i64;
+    for &tenant in &start.tenants {
+        let got = store::claim_tenant(sql, tenant, start.now, share, lease_ms, claim).await?;
+        if taken(&got) == share {
+            more.push(tenant);
+        }
+        claimed.absorb(got);
+        if taken(&claimed) >= batch {
+            return Ok(claimed);
+        }
+    }
+    for tenant in more {
+        let left = batch - taken(&claimed);
+        if left <= 0 {
+            break;
+        }
+        let got = store::claim_tenant(sql, tenant, start.now, left, lease_ms, claim).await?;
+        claimed.absorb(got);
+    }
+    Ok(claimed)
+}
+
+/// `items` grouped by tenant, in the order tenants first appear: every statement that
+/// records outcomes names one tenant.
+fn by_tenant<T>(items: &[T], tenant_of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<&T>)> {
+    let mut groups: Vec<(Uuid, Vec<&T>)> = Vec::new();
+    for item in items {
+        let tenant = tenant_of(item);
+        match groups.iter_mut().find(|(t, _)| *t == tenant) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((tenant, vec![item])),
+        }
+    }
+    groups
 }
 
 /// The producer span of one event's publish (messaging semantic conventions), a child

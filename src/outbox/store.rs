@@ -6,12 +6,13 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while the bus answers.
 
+use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use crate::db::Sql;
 
-/// A claimed event, ready to publish: one row of [`CLAIM_DUE`], read as it is.
+/// A claimed event, ready to publish: one row of [`CLAIM_TENANT`], read as it is.
 #[derive(Debug, Clone, FromRow)]
 pub struct PendingEvent {
     pub tenant_id: Uuid,
@@ -46,150 +47,167 @@ pub struct Unreadable {
 pub struct Claimed {
     pub events: Vec<PendingEvent>,
     pub unreadable: Vec<Unreadable>,
+    /// Due rows that had to wait for an earlier event of their order, parked.
+    pub parked: usize,
+}
+
+impl Claimed {
+    /// Adds another claim's rows to these.
+    pub fn absorb(&mut self, other: Claimed) {
+        self.events.extend(other.events);
+        self.unreadable.extend(other.unreadable);
+        self.parked += other.parked;
+    }
 }
 
 /// Longest `event_type` forwarded; also what SNS and Kafka take as an attribute or a
 /// header without complaint.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
-/// Up to `$1` due events, each the oldest unpublished event of its order, shared
-/// fairly among the tenants that have events due, leased for `$2` milliseconds to the
-/// relay round `$3` (its claim, which fences what it records afterwards).
+/// The tenants that have PENDING events, at most `$2` of them, in tenant-id order from
+/// just after `$1` (where the relay's previous round stopped) around to the lowest and
+/// on, each once; and the database's time, read once for the whole round.
 ///
-/// Fairness: the relay does not simply take the oldest due events of all tenants,
-/// behind which one tenant's backlog (a bulk import, a re-drive of many DEAD rows) would
-/// make everyone else wait. It walks up to `$5` tenants that have pending events, from
-/// the random tenant id `$4` on and around (a loose index scan: one probe of
-/// `outbox_event_pending_by_tenant` per tenant), and gives each an equal share of the
-/// batch, its oldest due events first. Whatever the shares leave of the batch is filled
-/// with the oldest due events of all, so a lone backlog still drains at full batches.
-/// A tenant with one new event is thus in the next round, whatever another has pending.
-///
-/// Per-order ordering lives in the `NOT EXISTS`: an event waits while any earlier
-/// event of its order is not yet PUBLISHED (pending, in flight at another relay, or
-/// DEAD), so each order has at most one event in flight across all relays and
-/// consumers see an order's events in commit order. Other orders are unaffected.
-/// Each tenant's share is read in `(tenant_id, next_attempt_at)` order, the order of
-/// `outbox_event_pending_by_tenant`, and its tenant is bounded as a range (`>=` and
-/// `<=`), which keeps `tenant_id` in that order: given `=`, the planner dropped it,
-/// ordered by the time alone and walked the whole pending index by time looking for a
-/// quiet tenant's one row behind another's million (3 s a claim, measured).
-///
-/// `SKIP LOCKED` lets several relays claim side by side without waiting on each other;
-/// both the shares and the oldest rows are locked as they are read, so that relays
-/// working one backlog side by side take consecutive slices of it, not the same one.
-/// The candidates are carried by their row addresses and locked and updated through
-/// them (TID scans): joined back on the key, the planner chose an index on the tenant
-/// alone, which for a tenant with a million pending rows meant scanning all of them
-/// once per candidate.
-///
-/// The claim commits asynchronously (no wait for the WAL flush): it is only a lease.
-/// If the database crashes before flushing it, the rows are simply claimable again and
-/// published once more, the duplicate a relay crash causes anyway.
-pub const CLAIM_DUE: &str = "WITH RECURSIVE tenants(tenant_id, n) AS (
-         SELECT coalesce(
-                    (SELECT p.tenant_id FROM outbox_event p
-                     WHERE p.status = 'PENDING' AND p.tenant_id >= $4 ORDER BY p.tenant_id LIMIT 1),
-                    (SELECT p.tenant_id FROM outbox_event p
-                     WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)),
-                1
+/// A loose index scan: one probe of `outbox_event_pending_by_tenant` per tenant, so
+/// its cost is the number of tenants visited, not their backlogs. The walk goes on
+/// from where the last one stopped rather than from a random point: a random start
+/// lands in the gaps between ids, and tenant ids that are close together (sequential,
+/// or time-ordered like UUIDv7) sit in one gap, so the same few tenants came first
+/// every time. A cursor that moves on visits every tenant in turn however the ids are
+/// spread. No lock is taken.
+pub const PENDING_TENANTS: &str = "WITH RECURSIVE tenants(tenant_id, n, first) AS (
+         SELECT t.tenant_id, 1, t.tenant_id
+         FROM (SELECT coalesce(
+                   (SELECT p.tenant_id FROM outbox_event p
+                    WHERE p.status = 'PENDING' AND p.tenant_id > $1 ORDER BY p.tenant_id LIMIT 1),
+                   (SELECT p.tenant_id FROM outbox_event p
+                    WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)) AS tenant_id) t
          UNION ALL
          SELECT coalesce(
                     (SELECT p.tenant_id FROM outbox_event p
                      WHERE p.status = 'PENDING' AND p.tenant_id > t.tenant_id ORDER BY p.tenant_id LIMIT 1),
                     (SELECT p.tenant_id FROM outbox_event p
                      WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)),
-                t.n + 1
+                t.n + 1, t.first
          FROM tenants t
-         WHERE t.tenant_id IS NOT NULL AND t.n < $5),
-     visited AS (SELECT DISTINCT tenant_id FROM tenants WHERE tenant_id IS NOT NULL),
-     share AS (SELECT greatest(1, $1 / greatest(count(*), 1)) AS per_tenant FROM visited),
-     fair AS (
-         SELECT c.row, 0 AS rank, c.next_attempt_at
-         FROM visited v CROSS JOIN share
-         CROSS JOIN LATERAL (
-             SELECT e.ctid AS row, e.next_attempt_at
-             FROM outbox_event e
-             WHERE e.tenant_id >= v.tenant_id AND e.tenant_id <= v.tenant_id AND e.status = 'PENDING'
-               AND e.next_attempt_at <= clock_timestamp()
-               AND NOT EXISTS (
-                   SELECT 1 FROM outbox_event earlier
-                   WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
-                     AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
-             ORDER BY e.tenant_id, e.next_attempt_at
-             LIMIT share.per_tenant
-             FOR UPDATE OF e SKIP LOCKED) c),
-     oldest AS (
-         SELECT e.ctid AS row, NULL::int AS rank, e.next_attempt_at
-         FROM outbox_event e
-         WHERE e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox_event earlier
-               WHERE earlier.tenant_id = e.tenant_id AND earlier.aggregate_id = e.aggregate_id
-                 AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED')
-         ORDER BY e.next_attempt_at
-         LIMIT $1
-         FOR UPDATE OF e SKIP LOCKED),
-     candidates AS (
-         SELECT row
-         FROM (SELECT * FROM fair UNION ALL SELECT * FROM oldest) c
-         GROUP BY row
-         ORDER BY min(rank) NULLS LAST, min(next_attempt_at)
-         LIMIT $1),
-     due AS (
-         SELECT e.ctid AS row
-         FROM outbox_event e
-         WHERE e.ctid = ANY (ARRAY(SELECT row FROM candidates))
-           AND e.status = 'PENDING' AND e.next_attempt_at <= clock_timestamp()
-         FOR UPDATE OF e SKIP LOCKED)
-     UPDATE outbox_event o
-     SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond', claimed_by = $3
-     FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.ctid = due.row
-     RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload, o.attempts,
-               o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
-               extract(epoch FROM clock_timestamp() - o.occurred_at)::float8 AS age_secs";
+         WHERE t.tenant_id IS NOT NULL AND t.n < $2 AND (t.n = 1 OR t.tenant_id <> t.first))
+     SELECT clock_timestamp() AS now,
+            array(SELECT tenant_id FROM tenants
+                  WHERE tenant_id IS NOT NULL AND (n = 1 OR tenant_id <> first)
+                  ORDER BY n) AS tenants";
 
-/// How many tenants with pending events one claim visits at most: each costs one probe
-/// of an index of pending rows and one short range scan, and each gets an equal share
-/// of the batch.
+/// Up to `$3` due events of tenant `$1`, each the oldest unpublished event of its
+/// order, leased until `$2` plus `$4` milliseconds to the relay round `$5` (its claim,
+/// which fences what it records afterwards). `$2` is the database's time as the round
+/// read it ([`PENDING_TENANTS`]).
+///
+/// One tenant per statement, and the due rows bounded as an index range: `tenant_id =
+/// $1 AND next_attempt_at <= $2` on `outbox_event_pending_by_tenant`, with `$2` a
+/// value, not `clock_timestamp()` (a volatile call is a filter the planner cannot
+/// bound, and a backlog in retry backoff was then read on every claim). Rows are
+/// locked and updated by their primary key.
+///
+/// Per-order ordering: an event is leased only when no earlier event of its order is
+/// unpublished (pending, in flight at another relay, or DEAD), so each order has at
+/// most one event in flight across all relays and consumers see an order's events in
+/// commit order. An event that has to wait is *parked* out of the due range instead of
+/// being read again by every claim: until the latest `next_attempt_at` of the events
+/// before it (or this claim's lease end, whichever is later), or for good behind a DEAD
+/// one. Marking an event published brings its order's next event back at once
+/// ([`MARK_PUBLISHED`]); should that miss a row parked at the same moment, the row comes
+/// back by itself when the event before it would have been due again, so a park can
+/// delay an event by at most a lease, never lose it. At most `$6` due rows are read per
+/// claim, leased or parked, which bounds a claim's work however many rows wait.
+///
+/// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
+/// The claim commits asynchronously (no wait for the WAL flush): it is only a lease. If
+/// the database crashes before flushing it, the rows are simply claimable again and
+/// published once more, the duplicate a relay crash causes anyway.
+pub const CLAIM_TENANT: &str = "WITH scan AS (
+         SELECT e.event_id, e.next_attempt_at,
+                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN 'infinity'::timestamptz
+                             ELSE max(earlier.next_attempt_at) END
+                 FROM outbox_event earlier
+                 WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
+                   AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
+         FROM outbox_event e
+         WHERE e.tenant_id = $1 AND e.status = 'PENDING' AND e.next_attempt_at <= $2
+         ORDER BY e.next_attempt_at
+         LIMIT $6
+         FOR UPDATE OF e SKIP LOCKED),
+     leased AS (
+         SELECT event_id FROM scan WHERE waits_until IS NULL ORDER BY next_attempt_at LIMIT $3),
+     decided AS (
+         SELECT s.event_id, l.event_id IS NOT NULL AS lease,
+                CASE WHEN l.event_id IS NOT NULL THEN $2 + $4 * interval '1 millisecond'
+                     ELSE greatest(s.waits_until, $2 + $4 * interval '1 millisecond') END AS until
+         FROM scan s LEFT JOIN leased l ON l.event_id = s.event_id
+         WHERE l.event_id IS NOT NULL OR s.waits_until IS NOT NULL)
+     UPDATE outbox_event o
+     SET next_attempt_at = d.until,
+         claimed_by = CASE WHEN d.lease THEN $5 ELSE o.claimed_by END
+     FROM decided d, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE o.tenant_id = $1 AND o.event_id = d.event_id
+     RETURNING d.lease, o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
+               o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
+               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs";
+
+/// How many tenants with pending events one round visits at most: each costs one probe
+/// of an index of pending rows and one claim, and each gets an equal share of the batch.
 pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
 
-/// Marks a round's acknowledged events, asynchronously committed like the claim: a
-/// mark lost to a database crash only means those events are published once more
-/// (consumers drop duplicates by `event_id`), and per-order order still holds, since
-/// an order's next event waits for the lost mark's event to be published again.
-pub const MARK_PUBLISHED: &str = "UPDATE outbox_event o
-     SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
-     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id),
-          (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'
-       AND o.claimed_by = $3";
+/// How many due rows one claim reads beyond its batch at most (the rows it parks).
+pub const PARK_WINDOW: i64 = 1000;
 
+/// Marks a round's acknowledged events of tenant `$1`, asynchronously committed like
+/// the claim: a mark lost to a database crash only means those events are published
+/// once more (consumers drop duplicates by `event_id`), and per-order order still holds,
+/// since an order's next event waits for the lost mark's event to be published again.
+/// Each order's next pending event, parked while it waited, is due again at `$4` (the
+/// round's database time).
+pub const MARK_PUBLISHED: &str = "WITH marked AS (
+         UPDATE outbox_event o
+         SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+         WHERE o.tenant_id = $1 AND o.event_id = ANY ($2) AND o.status = 'PENDING' AND o.claimed_by = $3
+         RETURNING o.aggregate_id),
+     next AS (
+         SELECT DISTINCT ON (e.aggregate_id) e.event_id, e.next_attempt_at
+         FROM outbox_event e
+         WHERE e.tenant_id = $1 AND e.aggregate_id IN (SELECT aggregate_id FROM marked)
+           AND e.status = 'PENDING' AND e.event_id <> ALL ($2)
+         ORDER BY e.aggregate_id, e.aggregate_seq),
+     woken AS (
+         UPDATE outbox_event o SET next_attempt_at = $4
+         FROM next
+         WHERE o.tenant_id = $1 AND o.event_id = next.event_id AND next.next_attempt_at > $4
+         RETURNING 1)
+     SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM woken)";
+
+/// Records refused publishes of tenant `$1`.
 pub const MARK_FAILED: &str = "UPDATE outbox_event o
      SET attempts = f.attempts,
          status = CASE WHEN f.dead THEN 'DEAD' ELSE 'PENDING' END,
          next_attempt_at = clock_timestamp() + f.retry_ms * interval '1 millisecond',
          last_error = f.error
-     FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
-          AS f(tenant_id, event_id, attempts, dead, retry_ms, error)
-     WHERE o.tenant_id = f.tenant_id AND o.event_id = f.event_id AND o.status = 'PENDING'
+     FROM unnest($2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
+          AS f(event_id, attempts, dead, retry_ms, error)
+     WHERE o.tenant_id = $1 AND o.event_id = f.event_id AND o.status = 'PENDING'
        AND o.claimed_by = $7";
 
-/// Rows the relay cannot read are set aside: DEAD at once, with the reason, where the
-/// claim `$4` still holds them.
+/// Rows of tenant `$1` the relay cannot read are set aside: DEAD at once, with the
+/// reason, where the claim `$4` still holds them.
 pub const SET_ASIDE: &str = "UPDATE outbox_event o
      SET status = 'DEAD', last_error = u.reason
-     FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS u(tenant_id, event_id, reason)
-     WHERE o.tenant_id = u.tenant_id AND o.event_id = u.event_id AND o.status = 'PENDING'
+     FROM unnest($2::uuid[], $3::text[]) AS u(event_id, reason)
+     WHERE o.tenant_id = $1 AND o.event_id = u.event_id AND o.status = 'PENDING'
        AND o.claimed_by = $4";
 
-/// Events whose call failed as a whole go back in line after `$4` ms, attempts
-/// untouched.
+/// Events of tenant `$1` whose call failed as a whole go back in line after `$4` ms,
+/// attempts untouched.
 pub const PUT_BACK: &str = "UPDATE outbox_event o
      SET next_attempt_at = clock_timestamp() + $4 * interval '1 millisecond'
-     FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)
-     WHERE o.tenant_id = p.tenant_id AND o.event_id = p.event_id AND o.status = 'PENDING'
+     WHERE o.tenant_id = $1 AND o.event_id = ANY ($2) AND o.status = 'PENDING'
        AND o.claimed_by = $3";
 
 /// Pending count, oldest pending age, dead count: from the partial indexes only, so it
@@ -216,30 +234,58 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
          LIMIT $2
          FOR UPDATE SKIP LOCKED)";
 
-/// Claims up to `batch` due events, shared fairly among tenants (see [`CLAIM_DUE`]),
-/// and leases them for `lease_ms`.
-/// Each row is read on its own: one that cannot be read is returned as
-/// [`Unreadable`] and never fails its batch-mates.
-pub async fn claim_due(
+/// Where a round starts, and which tenants it visits (see [`PENDING_TENANTS`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundStart {
+    /// The database's time as the round read it: what is due is due by this.
+    pub now: DateTime<Utc>,
+    /// Tenants with pending events, in the order the round visits them.
+    pub tenants: Vec<Uuid>,
+}
+
+/// Up to `limit` tenants with pending events from just after `after` on, and the
+/// database's time.
+pub async fn pending_tenants(
     sql: &mut Sql<'_>,
+    after: Uuid,
+    limit: i32,
+) -> sqlx::Result<RoundStart> {
+    let (now, tenants): (DateTime<Utc>, Vec<Uuid>) = sql
+        .query_as(PENDING_TENANTS)
+        .bind(after)
+        .bind(limit)
+        .fetch_one(sql.conn())
+        .await?;
+    Ok(RoundStart { now, tenants })
+}
+
+/// Claims up to `batch` due events of `tenant` (see [`CLAIM_TENANT`]), leased for
+/// `lease_ms` from `now`. Each row is read on its own: one that cannot be read is
+/// returned as [`Unreadable`] and never fails its batch-mates.
+pub async fn claim_tenant(
+    sql: &mut Sql<'_>,
+    tenant: Uuid,
+    now: DateTime<Utc>,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claimed> {
-    // Where this round starts walking the tenants: anywhere, so that over the rounds
-    // every tenant is visited alike.
-    let start = Uuid::new_v4();
     let rows: Vec<PgRow> = sql
-        .query(CLAIM_DUE)
+        .query(CLAIM_TENANT)
+        .bind(tenant)
+        .bind(now)
         .bind(batch)
         .bind(lease_ms)
         .bind(claim)
-        .bind(start)
-        .bind(FAIR_TENANTS_PER_CLAIM)
+        .bind(batch + PARK_WINDOW)
         .fetch_all(sql.conn())
         .await?;
     let mut claimed = Claimed::default();
     for row in &rows {
+        if !row.try_get::<bool, _>("lease")? {
+            claimed.parked += 1;
+            continue;
+        }
         match read(row) {
             Ok(event) => claimed.events.push(event),
             Err(unreadable) => claimed.unreadable.push(unreadable),
@@ -275,39 +321,41 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
     Ok(event)
 }
 
-/// Marks events acknowledged by the bus, where `claim` still holds them.
+/// Marks `tenant`'s events acknowledged by the bus, where `claim` still holds them,
+/// and brings each order's next event back into the due range at `now`: how many were
+/// marked, and how many were brought back.
 pub async fn mark_published(
     sql: &mut Sql<'_>,
-    events: &[(Uuid, Uuid)],
+    tenant: Uuid,
+    events: &[Uuid],
     claim: Uuid,
-) -> sqlx::Result<u64> {
+    now: DateTime<Utc>,
+) -> sqlx::Result<(i64, i64)> {
     if events.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
-    let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let done = sql
-        .query(MARK_PUBLISHED)
-        .bind(tenants)
-        .bind(ids)
+    sql.query_as(MARK_PUBLISHED)
+        .bind(tenant)
+        .bind(events)
         .bind(claim)
-        .execute(sql.conn())
-        .await?;
-    Ok(done.rows_affected())
+        .bind(now)
+        .fetch_one(sql.conn())
+        .await
 }
 
-/// Puts events whose call failed back in line after `retry_ms`, where `claim` still
-/// holds them.
+/// Puts `tenant`'s events whose call failed back in line after `retry_ms`, where
+/// `claim` still holds them.
 pub async fn put_back(
     sql: &mut Sql<'_>,
-    events: &[(Uuid, Uuid)],
+    tenant: Uuid,
+    events: &[Uuid],
     claim: Uuid,
     retry_ms: i64,
 ) -> sqlx::Result<u64> {
-    let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
     let done = sql
         .query(PUT_BACK)
-        .bind(tenants)
-        .bind(ids)
+        .bind(tenant)
+        .bind(events)
         .bind(claim)
         .bind(retry_ms)
         .execute(sql.conn())
@@ -315,17 +363,21 @@ pub async fn put_back(
     Ok(done.rows_affected())
 }
 
-/// Sets unreadable rows aside (see [`SET_ASIDE`]).
-pub async fn set_aside(sql: &mut Sql<'_>, rows: &[Unreadable], claim: Uuid) -> sqlx::Result<u64> {
+/// Sets `tenant`'s unreadable rows aside (see [`SET_ASIDE`]).
+pub async fn set_aside(
+    sql: &mut Sql<'_>,
+    tenant: Uuid,
+    rows: &[&Unreadable],
+    claim: Uuid,
+) -> sqlx::Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
-    let tenants: Vec<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
     let done = sql
         .query(SET_ASIDE)
-        .bind(tenants)
+        .bind(tenant)
         .bind(ids)
         .bind(reasons)
         .bind(claim)
@@ -348,17 +400,17 @@ pub struct Failure {
     pub error: String,
 }
 
-/// Records refused publishes: attempts, last error, next attempt time or DEAD, where
-/// `claim` still holds them.
+/// Records `tenant`'s refused publishes: attempts, last error, next attempt time or
+/// DEAD, where `claim` still holds them.
 pub async fn mark_failed(
     sql: &mut Sql<'_>,
-    failures: &[Failure],
+    tenant: Uuid,
+    failures: &[&Failure],
     claim: Uuid,
 ) -> sqlx::Result<u64> {
     if failures.is_empty() {
         return Ok(0);
     }
-    let tenants: Vec<Uuid> = failures.iter().map(|f| f.tenant_id).collect();
     let ids: Vec<Uuid> = failures.iter().map(|f| f.event_id).collect();
     let attempts: Vec<i32> = failures.iter().map(|f| f.attempts).collect();
     let dead: Vec<bool> = failures.iter().map(|f| f.dead).collect();
@@ -369,7 +421,7 @@ pub async fn mark_failed(
         .collect();
     let done = sql
         .query(MARK_FAILED)
-        .bind(tenants)
+        .bind(tenant)
         .bind(ids)
         .bind(attempts)
         .bind(dead)

@@ -222,21 +222,13 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
         "{stats}"
     );
 
-    let claim = plan(&db, outbox::CLAIM_DUE, |q| {
-        q.bind(100i64)
-            .bind(16_000i64)
-            .bind(Uuid::new_v4())
-            .bind(Uuid::new_v4())
-            .bind(outbox::FAIR_TENANTS_PER_CLAIM)
+    let start = plan(&db, outbox::PENDING_TENANTS, |q| {
+        q.bind(Uuid::new_v4()).bind(outbox::FAIR_TENANTS_PER_CLAIM)
     })
     .await;
-    assert!(!claim.contains("Seq Scan"), "{claim}");
-    assert!(claim.contains("outbox_event_pending "), "{claim}");
-    assert!(claim.contains("outbox_event_pending_by_tenant"), "{claim}");
-    assert!(
-        claim.contains("outbox_event_unpublished_by_order"),
-        "{claim}"
-    );
+    assert!(!start.contains("Seq Scan"), "{start}");
+    assert!(start.contains("outbox_event_pending_by_tenant"), "{start}");
+    assert_claim_uses_its_range(&db).await;
 
     // Either partial index that leaves the published rows out will do; which one the
     // planner picks depends on ANALYZE's sample of the few dead rows.
@@ -298,4 +290,85 @@ async fn the_tenant_export_erasure_and_rewrap_walk_the_keys_the_tenant_leads() {
     .await;
     assert!(rewrap.contains("idempotency_record_pkey"), "{rewrap}");
     assert!(!rewrap.contains("Sort"), "{rewrap}");
+}
+
+/// The one-tenant claim reads the tenant's due rows as an index range (tenant and
+/// `next_attempt_at`, the round's time passed as a value), checks each row's order on
+/// the index of unpublished rows, and updates by primary key; the mark does too.
+async fn assert_claim_uses_its_range(db: &TestDb) {
+    let claim = plan(db, outbox::CLAIM_TENANT, |q| {
+        q.bind(TENANT)
+            .bind(chrono::Utc::now())
+            .bind(100i64)
+            .bind(16_000i64)
+            .bind(Uuid::new_v4())
+            .bind(100i64 + outbox::PARK_WINDOW)
+    })
+    .await;
+    assert!(!claim.contains("Seq Scan"), "{claim}");
+    assert!(!claim.contains("Tid"), "{claim}");
+    let range = claim
+        .lines()
+        .skip_while(|line| !line.contains("outbox_event_pending_by_tenant"))
+        .find(|line| line.contains("Index Cond"))
+        .unwrap_or_default();
+    assert!(
+        range.contains("tenant_id = ") && range.contains("next_attempt_at <= "),
+        "{claim}"
+    );
+    assert!(
+        claim.contains("outbox_event_unpublished_by_order"),
+        "{claim}"
+    );
+    assert!(claim.contains("outbox_event_pkey"), "{claim}");
+
+    let mark = plan(db, outbox::MARK_PUBLISHED, |q| {
+        q.bind(TENANT)
+            .bind(vec![Uuid::new_v4()])
+            .bind(Uuid::new_v4())
+            .bind(chrono::Utc::now())
+    })
+    .await;
+    assert!(!mark.contains("Seq Scan"), "{mark}");
+    assert!(mark.contains("outbox_event_pkey"), "{mark}");
+}
+
+/// A backlog laid down after the last `ANALYZE` (a bulk import, a re-drive), as users
+/// meet it: the statistics still say the table is empty. The relay's statements keep
+/// their index ranges all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_statements_keep_their_ranges_with_stale_statistics() {
+    let db = TestDb::new().await;
+    sqlx::query("ANALYZE outbox_event")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // 100,000 due events of one tenant, 100,000 of the same tenant in retry backoff, and
+    // a few other tenants with one event each; no ANALYZE afterwards.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at)
+         SELECT '{TENANT}', gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{{}}', now(),
+                CASE WHEN g % 2 = 0 THEN now() ELSE now() + interval '1 hour' END
+         FROM generate_series(1, 200000) g;
+         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{{}}', now(), now()
+         FROM generate_series(1, 40);"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let start = plan(&db, outbox::PENDING_TENANTS, |q| {
+        q.bind(Uuid::nil()).bind(outbox::FAIR_TENANTS_PER_CLAIM)
+    })
+    .await;
+    assert!(!start.contains("Seq Scan"), "{start}");
+    assert!(start.contains("outbox_event_pending_by_tenant"), "{start}");
+    assert_claim_uses_its_range(&db).await;
+    let purge = plan(&db, outbox::PURGE_PUBLISHED, |q| {
+        q.bind(86_400i64).bind(1000i64)
+    })
+    .await;
+    assert!(purge.contains("outbox_event_published"), "{purge}");
 }
