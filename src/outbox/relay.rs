@@ -9,7 +9,7 @@
 
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU32, Ordering},
     },
     time::Duration,
@@ -69,8 +69,9 @@ pub struct Relay {
     /// Consecutive rounds whose calls all failed as a whole: the relay's own backoff.
     failed_rounds: AtomicU32,
     /// The last tenant the previous round visited: the next round's walk goes on from
-    /// there (`store::PENDING_TENANTS`).
-    cursor: Mutex<Uuid>,
+    /// there (`store::PENDING_TENANTS`). Held while a round reads its tenants, so that
+    /// the relay's lanes take turns along the tenants instead of each walking the same.
+    cursor: tokio::sync::Mutex<Uuid>,
 }
 
 impl Relay {
@@ -94,7 +95,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             listen: true,
             failed_rounds: AtomicU32::new(0),
-            cursor: Mutex::new(Uuid::nil()),
+            cursor: tokio::sync::Mutex::new(Uuid::nil()),
         }
     }
 
@@ -207,7 +208,6 @@ impl Relay {
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
-        let after = *self.cursor.lock().unwrap_or_else(|e| e.into_inner());
         let batch_size = i64::from(self.config.batch_size);
         let (
             now,
@@ -219,11 +219,16 @@ impl Relay {
         ) = self
             .db
             .run(async |c| {
-                let start = store::pending_tenants(c, after, store::FAIR_TENANTS_PER_CLAIM).await?;
+                let start = {
+                    let mut cursor = self.cursor.lock().await;
+                    let start =
+                        store::pending_tenants(c, *cursor, store::FAIR_TENANTS_PER_CLAIM).await?;
+                    if let Some(last) = start.tenants.last() {
+                        *cursor = *last;
+                    }
+                    start
+                };
                 let claimed = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
-                if let Some(last) = start.tenants.last() {
-                    *self.cursor.lock().unwrap_or_else(|e| e.into_inner()) = *last;
-                }
                 Ok::<_, sqlx::Error>((start.now, claimed))
             })
             .await?;

@@ -331,6 +331,8 @@ async fn assert_claim_uses_its_range(db: &TestDb) {
     .await;
     assert!(!mark.contains("Seq Scan"), "{mark}");
     assert!(mark.contains("outbox_event_pkey"), "{mark}");
+    assert!(mark.contains("outbox_event_unpublished_by_order"), "{mark}");
+    assert!(!mark.contains("outbox_event_pending_by_tenant"), "{mark}");
 }
 
 /// A backlog laid down after the last `ANALYZE` (a bulk import, a re-drive), as users
