@@ -389,6 +389,9 @@ async fn claim_fairly(
         let got = store::claim_tenant(sql, tenant, start.now, share, lease_ms, claim).await?;
         if taken(&got) == share {
             more.push(tenant);
+        } else {
+            // Short of its share: rows that must wait may stand in front of due ones.
+            claimed.parked += store::park_tenant(sql, tenant, start.now, lease_ms).await? as usize;
         }
         claimed.absorb(got);
         if taken(&claimed) >= batch {

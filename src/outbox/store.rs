@@ -110,21 +110,47 @@ pub const PENDING_TENANTS: &str = "WITH RECURSIVE tenants(tenant_id, n, first) A
 /// Per-order ordering: an event is leased only when no earlier event of its order is
 /// unpublished (pending, in flight at another relay, or DEAD), so each order has at
 /// most one event in flight across all relays and consumers see an order's events in
-/// commit order. An event that has to wait is *parked* out of the due range instead of
-/// being read again by every claim: until the latest `next_attempt_at` of the events
-/// before it (or this claim's lease end, whichever is later), or for good behind a DEAD
-/// one. Marking an event published brings its order's next event back at once
-/// ([`MARK_PUBLISHED`]); should that miss a row parked at the same moment, the row comes
-/// back by itself when the event before it would have been due again, so a park can
-/// delay an event by at most a lease, never lose it. At most `$6` due rows are read per
-/// claim, leased or parked, which bounds a claim's work however many rows wait.
+/// commit order. The due rows are read lazily, locked as they are read (so that lanes
+/// and relays working one backlog take consecutive slices of it), until `$3` can go or
+/// `$6` were read. An event that has to wait is *parked* out of the due range by
+/// [`PARK_TENANT`] instead of being read again by every claim, and marking an event
+/// published brings its order's next event back at once ([`MARK_PUBLISHED`]); should
+/// that miss a row parked at the same moment, the row comes back by itself when the
+/// event before it would have been due again, so a park can delay an event by at most
+/// a lease, never lose it.
 ///
 /// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
 /// The claim commits asynchronously (no wait for the WAL flush): it is only a lease. If
 /// the database crashes before flushing it, the rows are simply claimable again and
 /// published once more, the duplicate a relay crash causes anyway.
-pub const CLAIM_TENANT: &str = "WITH scan AS (
-         SELECT e.event_id, e.next_attempt_at,
+pub const CLAIM_TENANT: &str = "WITH candidates AS (
+         SELECT w.event_id
+         FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
+               FROM outbox_event e
+               WHERE e.tenant_id = $1 AND e.status = 'PENDING' AND e.next_attempt_at <= $2
+               ORDER BY e.next_attempt_at
+               LIMIT $6
+               FOR UPDATE OF e SKIP LOCKED) w
+         WHERE NOT EXISTS (
+             SELECT 1 FROM outbox_event earlier
+             WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = w.aggregate_id
+               AND earlier.aggregate_seq < w.aggregate_seq AND earlier.status <> 'PUBLISHED')
+         LIMIT $3)
+     UPDATE outbox_event o
+     SET next_attempt_at = $2 + $4 * interval '1 millisecond', claimed_by = $5
+     FROM candidates c, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE o.tenant_id = $1 AND o.event_id = c.event_id
+     RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
+               o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
+               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs";
+
+/// Parks up to `$4` due events of tenant `$1` that have to wait for an earlier event of
+/// their order (see [`CLAIM_TENANT`]): until the latest `next_attempt_at` of the events
+/// before them, at least `$2` plus `$3` milliseconds (a lease), or for good behind a
+/// DEAD one. Run only after a claim came back short of its share, which is when rows
+/// that must wait can stand in front of due ones.
+pub const PARK_TENANT: &str = "WITH scan AS (
+         SELECT e.event_id,
                 (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN 'infinity'::timestamptz
                              ELSE max(earlier.next_attempt_at) END
                  FROM outbox_event earlier
@@ -133,30 +159,18 @@ pub const CLAIM_TENANT: &str = "WITH scan AS (
          FROM outbox_event e
          WHERE e.tenant_id = $1 AND e.status = 'PENDING' AND e.next_attempt_at <= $2
          ORDER BY e.next_attempt_at
-         LIMIT $6
-         FOR UPDATE OF e SKIP LOCKED),
-     leased AS (
-         SELECT event_id FROM scan WHERE waits_until IS NULL ORDER BY next_attempt_at LIMIT $3),
-     decided AS (
-         SELECT s.event_id, l.event_id IS NOT NULL AS lease,
-                CASE WHEN l.event_id IS NOT NULL THEN $2 + $4 * interval '1 millisecond'
-                     ELSE greatest(s.waits_until, $2 + $4 * interval '1 millisecond') END AS until
-         FROM scan s LEFT JOIN leased l ON l.event_id = s.event_id
-         WHERE l.event_id IS NOT NULL OR s.waits_until IS NOT NULL)
+         LIMIT $4
+         FOR UPDATE OF e SKIP LOCKED)
      UPDATE outbox_event o
-     SET next_attempt_at = d.until,
-         claimed_by = CASE WHEN d.lease THEN $5 ELSE o.claimed_by END
-     FROM decided d, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = $1 AND o.event_id = d.event_id
-     RETURNING d.lease, o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
-               o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
-               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs";
+     SET next_attempt_at = greatest(s.waits_until, $2 + $3 * interval '1 millisecond')
+     FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE o.tenant_id = $1 AND o.event_id = s.event_id AND s.waits_until IS NOT NULL";
 
 /// How many tenants with pending events one round visits at most: each costs one probe
 /// of an index of pending rows and one claim, and each gets an equal share of the batch.
 pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
 
-/// How many due rows one claim reads beyond its batch at most (the rows it parks).
+/// How many due rows one claim reads beyond its batch at most, and one park parks.
 pub const PARK_WINDOW: i64 = 1000;
 
 /// Marks a round's acknowledged events of tenant `$1`, asynchronously committed like
@@ -296,16 +310,30 @@ pub async fn claim_tenant(
         .await?;
     let mut claimed = Claimed::default();
     for row in &rows {
-        if !row.try_get::<bool, _>("lease")? {
-            claimed.parked += 1;
-            continue;
-        }
         match read(row) {
             Ok(event) => claimed.events.push(event),
             Err(unreadable) => claimed.unreadable.push(unreadable),
         }
     }
     Ok(claimed)
+}
+
+/// Parks `tenant`'s due rows that must wait (see [`PARK_TENANT`]); how many.
+pub async fn park_tenant(
+    sql: &mut Sql<'_>,
+    tenant: Uuid,
+    now: DateTime<Utc>,
+    lease_ms: i64,
+) -> sqlx::Result<u64> {
+    let done = sql
+        .query(PARK_TENANT)
+        .bind(tenant)
+        .bind(now)
+        .bind(lease_ms)
+        .bind(PARK_WINDOW)
+        .execute(sql.conn())
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// One claimed row as an event, or why it cannot be forwarded. Only the envelope is

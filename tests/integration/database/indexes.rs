@@ -322,6 +322,17 @@ async fn assert_claim_uses_its_range(db: &TestDb) {
     );
     assert!(claim.contains("outbox_event_pkey"), "{claim}");
 
+    let park = plan(db, outbox::PARK_TENANT, |q| {
+        q.bind(TENANT)
+            .bind(chrono::Utc::now())
+            .bind(16_000i64)
+            .bind(outbox::PARK_WINDOW)
+    })
+    .await;
+    assert!(!park.contains("Seq Scan"), "{park}");
+    assert!(park.contains("outbox_event_pending_by_tenant"), "{park}");
+    assert!(park.contains("outbox_event_pkey"), "{park}");
+
     let mark = plan(db, outbox::MARK_PUBLISHED, |q| {
         q.bind(TENANT)
             .bind(vec![Uuid::new_v4()])
