@@ -101,8 +101,11 @@ pub const PENDING_TENANTS: &str = "WITH RECURSIVE tenants(tenant_id, n, first) A
 /// which fences what it records afterwards). `$2` is the database's time as the round
 /// read it ([`PENDING_TENANTS`]).
 ///
-/// One tenant per statement, and the due rows bounded as an index range: `tenant_id =
-/// $1 AND next_attempt_at <= $2` on `outbox_event_pending_by_tenant`, with `$2` a
+/// One tenant per statement, and the due rows bounded as an index range: the tenant
+/// and `next_attempt_at <= $2` on `outbox_event_pending_by_tenant`, read in that index's
+/// order (the tenant written as a range, `>=` and `<=`: given `=`, the planner may
+/// drop the tenant from the order and walk the pending rows of every tenant by time,
+/// which it did where it believed few rows were pending), with `$2` a
 /// value, not `clock_timestamp()` (a volatile call is a filter the planner cannot
 /// bound, and a backlog in retry backoff was then read on every claim). Rows are
 /// locked and updated by their primary key.
@@ -127,8 +130,9 @@ pub const CLAIM_TENANT: &str = "WITH candidates AS (
          SELECT w.event_id
          FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
                FROM outbox_event e
-               WHERE e.tenant_id = $1 AND e.status = 'PENDING' AND e.next_attempt_at <= $2
-               ORDER BY e.next_attempt_at
+               WHERE e.tenant_id >= $1 AND e.tenant_id <= $1 AND e.status = 'PENDING'
+                 AND e.next_attempt_at <= $2
+               ORDER BY e.tenant_id, e.next_attempt_at
                LIMIT $6
                FOR UPDATE OF e SKIP LOCKED) w
          WHERE NOT EXISTS (
@@ -157,8 +161,9 @@ pub const PARK_TENANT: &str = "WITH scan AS (
                  WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
                    AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
          FROM outbox_event e
-         WHERE e.tenant_id = $1 AND e.status = 'PENDING' AND e.next_attempt_at <= $2
-         ORDER BY e.next_attempt_at
+         WHERE e.tenant_id >= $1 AND e.tenant_id <= $1 AND e.status = 'PENDING'
+           AND e.next_attempt_at <= $2
+         ORDER BY e.tenant_id, e.next_attempt_at
          LIMIT $4
          FOR UPDATE OF e SKIP LOCKED)
      UPDATE outbox_event o
