@@ -233,15 +233,7 @@ async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_man
             || start.contains("outbox_event_pending_age"),
         "{start}"
     );
-    let claim = plan(&db, outbox::CLAIM_TENANT, |q| {
-        q.bind(TENANT)
-            .bind(chrono::Utc::now())
-            .bind(100i64)
-            .bind(16_000i64)
-            .bind(Uuid::new_v4())
-            .bind(100i64 + outbox::PARK_WINDOW)
-    })
-    .await;
+    let claim = claim_plan(&db).await;
     assert!(
         !claim.contains("Seq Scan") && !claim.contains("Tid"),
         "{claim}"
@@ -309,11 +301,9 @@ async fn the_tenant_export_erasure_and_rewrap_walk_the_keys_the_tenant_leads() {
     assert!(!rewrap.contains("Sort"), "{rewrap}");
 }
 
-/// The one-tenant claim reads the tenant's due rows as an index range (tenant and
-/// `next_attempt_at`, the round's time passed as a value), checks each row's order on
-/// the index of unpublished rows, and updates by primary key; the mark does too.
-async fn assert_claim_uses_its_range(db: &TestDb) {
-    let claim = plan(db, outbox::CLAIM_TENANT, |q| {
+/// The plan of one tenant's claim of 100.
+async fn claim_plan(db: &TestDb) -> String {
+    plan(db, outbox::CLAIM_TENANT, |q| {
         q.bind(TENANT)
             .bind(chrono::Utc::now())
             .bind(100i64)
@@ -321,7 +311,14 @@ async fn assert_claim_uses_its_range(db: &TestDb) {
             .bind(Uuid::new_v4())
             .bind(100i64 + outbox::PARK_WINDOW)
     })
-    .await;
+    .await
+}
+
+/// The one-tenant claim reads the tenant's due rows as an index range (tenant and
+/// `next_attempt_at`, the round's time passed as a value), checks each row's order on
+/// the index of unpublished rows, and updates by primary key; the mark does too.
+async fn assert_claim_uses_its_range(db: &TestDb) {
+    let claim = claim_plan(db).await;
     assert!(!claim.contains("Seq Scan"), "{claim}");
     assert!(!claim.contains("Tid"), "{claim}");
     let range = claim
