@@ -251,7 +251,7 @@ async fn latency(
     let started = Instant::now();
     let committed = write_orders(&db, &config, vec![TenantId(Uuid::new_v4())], rate, total).await;
     let write_secs = started.elapsed().as_secs_f64();
-    until_published(&pool).await;
+    until_published(&pool, None).await;
     let shares = commit_to_ack(&stamped, &committed);
     let mut lags: Vec<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM published_at - occurred_at)::float8 * 1000 FROM outbox_event",
@@ -372,32 +372,20 @@ fn commit_to_ack(stamped: &Stamped, committed: &[(Uuid, Instant)]) -> Vec<f64> {
 }
 
 /// Waits until no event is left to publish.
-/// Waits until every event of `tenants` is published (the rest of the table may hold
-/// rows that never will: DEAD ones, and those waiting behind them).
-async fn until_published_of(pool: &sqlx::PgPool, tenants: &[Uuid]) {
+/// Waits until every event is published, or every event of `tenants` when given (the
+/// rest of the table may hold rows that never will: DEAD ones, and those waiting behind
+/// them).
+async fn until_published(pool: &sqlx::PgPool, tenants: Option<&[Uuid]>) {
     loop {
         let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox_event WHERE tenant_id = ANY ($1) AND status <> 'PUBLISHED'",
+            "SELECT count(*) FROM outbox_event
+             WHERE status <> 'PUBLISHED' AND ($1::uuid[] IS NULL OR tenant_id = ANY ($1))",
         )
         .bind(tenants)
         .fetch_one(pool)
         .await
         .expect("count");
         if left == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn until_published(pool: &sqlx::PgPool) {
-    loop {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'")
-                .fetch_one(pool)
-                .await
-                .expect("count");
-        if pending == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -577,7 +565,7 @@ async fn fairness(
         let secs = until_drained(&pool, started).await;
         let committed = writes.await.expect("the writer");
         let quiet_ids: Vec<Uuid> = quiet.iter().map(|t| t.0).collect();
-        until_published_of(&pool, &quiet_ids).await;
+        until_published(&pool, Some(&quiet_ids)).await;
         stop.cancel();
         running.await.expect("the relay stops");
         shares.extend(commit_to_ack(&stamped, &committed));
