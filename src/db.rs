@@ -647,3 +647,13 @@ pub async fn ping(db: &Db) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("the database did not answer within 2 s"))??;
     Ok(())
 }
+
+/// What one batch of a purge found past retention, and how many of those it deleted:
+/// a purge reads its candidates without locks, then deletes them one tenant per
+/// statement, and a row another transaction held, or that changed meanwhile, is found
+/// but not deleted (the next pass takes it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    pub found: u64,
+    pub deleted: u64,
+}

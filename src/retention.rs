@@ -1,9 +1,11 @@
 //! Retention purges, off the request path: expired idempotency keys, abandoned claims,
 //! and (where a relay runs) long-published outbox rows.
 //!
-//! Deletes in bounded batches (each its own short transaction with SKIP LOCKED), so
-//! the purge never holds many locks, never bloats one transaction's WAL, and several
-//! replicas can run it at once.
+//! Deletes in bounded batches: a batch reads the oldest rows past retention without
+//! locking anything, then deletes them by primary key with one statement per tenant
+//! (`SKIP LOCKED`, the condition checked again), so the purge never holds many locks
+//! nor locks rows of two tenants at once, never bloats one transaction's WAL, and
+//! several replicas can run it at once.
 
 use std::{future::Future, time::Duration};
 
@@ -13,7 +15,11 @@ use crate::{
     config::{parse, range, settings},
     supervisor::{Every, First, Run, Schedule},
 };
-use crate::{db::Db, idempotency::store, outbox};
+use crate::{
+    db::{Db, Purged},
+    idempotency::store,
+    outbox,
+};
 
 settings! {
     /// When the retention purges run.
@@ -59,17 +65,19 @@ pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx
     .await
 }
 
-/// Repeats one bounded DELETE until it removes fewer than `batch` rows; returns the total.
-async fn in_batches<F, Fut>(batch: i64, mut delete: F) -> sqlx::Result<u64>
+/// Repeats one bounded purge until it finds fewer than `batch` rows past retention, or
+/// deletes none of what it found (all held by other transactions: the next pass takes
+/// them); returns how many went.
+async fn in_batches<F, Fut>(batch: i64, mut purge: F) -> sqlx::Result<u64>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = sqlx::Result<u64>>,
+    Fut: Future<Output = sqlx::Result<Purged>>,
 {
     let mut total = 0;
     loop {
-        let n = delete().await?;
-        total += n;
-        if (n as i64) < batch {
+        let Purged { found, deleted } = purge().await?;
+        total += deleted;
+        if (found as i64) < batch || deleted == 0 {
             return Ok(total);
         }
     }

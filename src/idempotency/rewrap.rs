@@ -3,8 +3,8 @@
 //! clear, under an older key, or sealed with the first layout) is opened and sealed
 //! anew, in bounded batches; then it counts what is left, and says so.
 //!
-//! Each batch is one short transaction that locks its rows (`FOR UPDATE SKIP LOCKED`),
-//! opens each body under the key it names, seals the plaintext under the first key and
+//! It walks the tenants in order, and each batch is one short transaction that locks
+//! rows of one tenant (`FOR UPDATE SKIP LOCKED`), opens each body under the key it names, seals the plaintext under the first key and
 //! writes it back where the row still names the key and layout it was read under. So:
 //! - live traffic goes on: replays read without locks; a completion only ever touches a
 //!   PROCESSING row, which a rewrap never reads, and seals under the first key itself;
@@ -147,13 +147,59 @@ async fn walk(
     progress: &mut impl FnMut(&Report),
 ) -> anyhow::Result<BTreeMap<RecordKey, Why>> {
     let mut cannot = BTreeMap::new();
-    let mut cursor: RecordKey = (Uuid::nil(), String::new(), String::new());
+    let mut from = Uuid::nil();
+    // One tenant at a time, so that no statement locks rows of two tenants.
+    while let Some(tenant) = db
+        .run(async |c| store::next_tenant_not_sealed(c, target, from).await)
+        .await?
+    {
+        let walk = Walk {
+            db,
+            sealer,
+            target,
+            batch,
+        };
+        let cursor = (tenant, String::new(), String::new());
+        reseal_tenant(&walk, cursor, report, progress, &mut cannot).await?;
+        match tenant.as_u128().checked_add(1) {
+            Some(next) => from = Uuid::from_u128(next),
+            None => break,
+        }
+    }
+    Ok(cannot)
+}
+
+/// What a walk reseals with: the database, the keys, the key and layout to seal under,
+/// and the batch size.
+struct Walk<'a> {
+    db: &'a Db,
+    sealer: &'a Sealer,
+    target: (&'a str, i16),
+    batch: i64,
+}
+
+/// Reseals one tenant's records from `cursor` on, a batch per transaction, until a
+/// batch comes back short; what it met and could not seal goes into `cannot`.
+async fn reseal_tenant(
+    walk: &Walk<'_>,
+    mut cursor: RecordKey,
+    report: &mut Report,
+    progress: &mut impl FnMut(&Report),
+    cannot: &mut BTreeMap<RecordKey, Why>,
+) -> anyhow::Result<()> {
+    let Walk {
+        db,
+        sealer,
+        target,
+        batch,
+    } = *walk;
     loop {
         let mut tx = db.begin().await?;
         let rows = store::not_sealed_under(&mut tx.sql(), target, &cursor, batch).await?;
+        let short = (rows.len() as i64) < batch;
         let Some(last) = rows.last() else {
             tx.commit().await?;
-            return Ok(cannot);
+            return Ok(());
         };
         cursor = last.key();
         let mut resealed = Vec::with_capacity(rows.len());
@@ -194,5 +240,8 @@ async fn walk(
         report.resealed += written;
         report.were_clear += were_clear;
         progress(report);
+        if short {
+            return Ok(());
+        }
     }
 }

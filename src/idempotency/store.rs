@@ -25,7 +25,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::Sql;
+use crate::db::{Purged, Sql};
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -230,36 +230,101 @@ pub const RELEASE: &str = "DELETE FROM idempotency_record
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
        AND state = 'PROCESSING' AND owner_token = $4";
 
-/// Up to `$1` completed keys past retention, oldest first.
-pub const PURGE_EXPIRED: &str = "DELETE FROM idempotency_record
-     WHERE (tenant_id, endpoint, idem_key) IN (
-         SELECT tenant_id, endpoint, idem_key FROM idempotency_record
-         WHERE state = 'COMPLETED' AND expires_at <= clock_timestamp()
-         ORDER BY expires_at
-         LIMIT $1
-         FOR UPDATE SKIP LOCKED)";
+/// The oldest `$1` completed keys past retention, grouped by tenant, with the database's
+/// time they were judged by. A plain read that locks nothing; each tenant's keys are
+/// then deleted by [`PURGE_EXPIRED`].
+pub static PURGEABLE_EXPIRED: LazyLock<String> =
+    LazyLock::new(|| purgeable(&PAST_RETENTION, "clock_timestamp()", "$1"));
 
-/// Up to `$2` PROCESSING claims whose lease ran out more than `$1` seconds ago.
-pub const PURGE_ABANDONED: &str = "DELETE FROM idempotency_record
-     WHERE (tenant_id, endpoint, idem_key) IN (
-         SELECT tenant_id, endpoint, idem_key FROM idempotency_record
-         WHERE state = 'PROCESSING' AND lease_until <= clock_timestamp() - $1 * interval '1 second'
-         ORDER BY lease_until
-         LIMIT $2
-         FOR UPDATE SKIP LOCKED)";
+/// Deletes tenant `$1`'s keys `($2, $3)` that are still completed and expired by `$4`,
+/// by primary key; a row another transaction holds is left for the next pass.
+pub static PURGE_EXPIRED: LazyLock<String> = LazyLock::new(|| purge_by_key(&PAST_RETENTION));
 
-/// Up to `$5` completed records not sealed under `$1` with the layout `$6`, after the
-/// keyset cursor `($2, $3, $4)` in primary-key order, locked until the rewrap's
-/// transaction ends. `SKIP LOCKED`: a row another transaction holds (another rewrap,
-/// live traffic) is passed over here and retried by the rewrap's next pass.
+/// The oldest `$2` PROCESSING claims whose lease ran out more than `$1` seconds ago,
+/// grouped by tenant, with that cut-off; locks nothing (see [`PURGE_ABANDONED`]).
+pub static PURGEABLE_ABANDONED: LazyLock<String> = LazyLock::new(|| {
+    purgeable(
+        &ABANDONED,
+        "clock_timestamp() - $1 * interval '1 second'",
+        "$2",
+    )
+});
+
+/// Deletes tenant `$1`'s claims `($2, $3)` that are still PROCESSING with a lease that
+/// ran out before `$4` (a retry that took one over since moved its lease on, and keeps
+/// it), by primary key.
+pub static PURGE_ABANDONED: LazyLock<String> = LazyLock::new(|| purge_by_key(&ABANDONED));
+
+/// Which records a purge takes: a state, and the time column that must be past the
+/// cut-off (each has a partial index on that column for that state).
+struct PurgeOf {
+    state: &'static str,
+    column: &'static str,
+}
+
+const PAST_RETENTION: PurgeOf = PurgeOf {
+    state: "COMPLETED",
+    column: "expires_at",
+};
+const ABANDONED: PurgeOf = PurgeOf {
+    state: "PROCESSING",
+    column: "lease_until",
+};
+
+/// The read half of a purge: the oldest `limit` records of `of` at or before `cut`
+/// (an SQL time read once), grouped by tenant.
+fn purgeable(of: &PurgeOf, cut: &str, limit: &str) -> String {
+    let PurgeOf { state, column } = of;
+    format!(
+        "WITH cut AS MATERIALIZED (SELECT {cut} AS at),
+         oldest AS (
+             SELECT tenant_id, endpoint, idem_key FROM idempotency_record
+             WHERE state = '{state}' AND {column} <= (SELECT at FROM cut)
+             ORDER BY {column}
+             LIMIT {limit})
+         SELECT tenant_id, array_agg(endpoint) AS endpoints, array_agg(idem_key) AS keys,
+                (SELECT at FROM cut) AS cutoff
+         FROM oldest GROUP BY tenant_id"
+    )
+}
+
+/// The delete half: one tenant's records of the read half, by primary key, where they
+/// still are what the read found.
+fn purge_by_key(of: &PurgeOf) -> String {
+    let PurgeOf { state, column } = of;
+    format!(
+        "DELETE FROM idempotency_record
+         WHERE tenant_id = $1 AND (endpoint, idem_key) IN (
+             SELECT r.endpoint, r.idem_key
+             FROM idempotency_record r
+             JOIN unnest($2::text[], $3::text[]) AS k(endpoint, idem_key)
+               ON r.endpoint = k.endpoint AND r.idem_key = k.idem_key
+             WHERE r.tenant_id = $1 AND r.state = '{state}' AND r.{column} <= $4
+             FOR UPDATE OF r SKIP LOCKED)"
+    )
+}
+
+/// The first tenant at or after `$3` with a completed record not sealed under `$1` with
+/// the layout `$2`: where a rewrap goes next. A plain read in primary-key order that
+/// locks nothing.
+pub const NEXT_TENANT_NOT_SEALED: &str = "SELECT tenant_id FROM idempotency_record
+     WHERE tenant_id >= $3 AND state = 'COMPLETED'
+       AND (response_key_id IS DISTINCT FROM $1 OR response_seal_version IS DISTINCT FROM $2)
+     ORDER BY tenant_id
+     LIMIT 1";
+
+/// Up to `$5` completed records of tenant `$2` not sealed under `$1` with the layout
+/// `$6`, after the keyset cursor `($3, $4)` in primary-key order, locked until the
+/// rewrap's transaction ends. `SKIP LOCKED`: a row another transaction holds (another
+/// rewrap, live traffic) is passed over here and retried by the rewrap's next pass.
 pub const NOT_SEALED_UNDER: &str =
     "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version,
             response_body, response_status, response_location, response_content_type, resource_id
      FROM idempotency_record
-     WHERE state = 'COMPLETED'
+     WHERE tenant_id = $2 AND state = 'COMPLETED'
        AND (response_key_id IS DISTINCT FROM $1 OR response_seal_version IS DISTINCT FROM $6)
-       AND (tenant_id, endpoint, idem_key) > ($2, $3, $4)
-     ORDER BY tenant_id, endpoint, idem_key
+       AND (endpoint, idem_key) > ($3, $4)
+     ORDER BY endpoint, idem_key
      LIMIT $5
      FOR UPDATE SKIP LOCKED";
 
@@ -273,13 +338,14 @@ pub const STILL_NOT_SEALED: &str = "SELECT tenant_id, endpoint, idem_key, respon
      ORDER BY tenant_id, endpoint, idem_key
      LIMIT $3";
 
-/// Stores each record's body sealed anew under `$1` with the layout `$7`, where it is
-/// still the completed record under the key and layout it was read with.
+/// Stores each of tenant `$2`'s records' body sealed anew under `$1` with the layout
+/// `$7`, where it is still the completed record under the key and layout it was read
+/// with.
 pub const RESEAL: &str = "UPDATE idempotency_record r
      SET response_body = n.body, response_key_id = $1, response_seal_version = $7
-     FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bytea[], $6::text[], $8::smallint[])
-          AS n(tenant_id, endpoint, idem_key, body, was, was_version)
-     WHERE r.tenant_id = n.tenant_id AND r.endpoint = n.endpoint AND r.idem_key = n.idem_key
+     FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $8::smallint[])
+          AS n(endpoint, idem_key, body, was, was_version)
+     WHERE r.tenant_id = $2 AND r.endpoint = n.endpoint AND r.idem_key = n.idem_key
        AND r.state = 'COMPLETED' AND r.response_key_id IS NOT DISTINCT FROM n.was
        AND r.response_seal_version IS NOT DISTINCT FROM n.was_version";
 
@@ -334,6 +400,23 @@ pub type RecordKey = (Uuid, String, String);
 
 /// Reads and locks up to `batch` completed records not sealed under `key_id` with the
 /// layout `version`, after `cursor` (see [`NOT_SEALED_UNDER`]).
+/// The first tenant at or after `from` with a completed record not sealed under the
+/// key and layout given (see [`NEXT_TENANT_NOT_SEALED`]).
+pub async fn next_tenant_not_sealed(
+    sql: &mut Sql<'_>,
+    (key_id, version): (&str, i16),
+    from: Uuid,
+) -> sqlx::Result<Option<Uuid>> {
+    sql.query_scalar(NEXT_TENANT_NOT_SEALED)
+        .bind(key_id)
+        .bind(version)
+        .bind(from)
+        .fetch_optional(sql.conn())
+        .await
+}
+
+/// Up to `batch` of tenant `cursor.0`'s completed records not sealed under the key and
+/// layout given, after `cursor` (see [`NOT_SEALED_UNDER`]).
 pub async fn not_sealed_under(
     sql: &mut Sql<'_>,
     (key_id, version): (&str, i16),
@@ -394,18 +477,21 @@ pub async fn reseal(
     (key_id, version): (&str, i16),
     rows: Vec<Resealed>,
 ) -> sqlx::Result<u64> {
-    if rows.is_empty() {
+    let Some(tenant) = rows.first().map(|row| row.record.0) else {
         return Ok(0);
+    };
+    if rows.iter().any(|row| row.record.0 != tenant) {
+        return Err(sqlx::Error::Protocol(
+            "a reseal batch holds records of more than one tenant".into(),
+        ));
     }
-    let mut tenants = Vec::with_capacity(rows.len());
     let mut endpoints = Vec::with_capacity(rows.len());
     let mut keys = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
     let mut was = Vec::with_capacity(rows.len());
     let mut was_versions = Vec::with_capacity(rows.len());
     for row in rows {
-        let (tenant, endpoint, key) = row.record;
-        tenants.push(tenant);
+        let (_, endpoint, key) = row.record;
         endpoints.push(endpoint);
         keys.push(key);
         bodies.push(row.body);
@@ -415,7 +501,7 @@ pub async fn reseal(
     let done = sql
         .query(RESEAL)
         .bind(key_id)
-        .bind(tenants)
+        .bind(tenant)
         .bind(endpoints)
         .bind(keys)
         .bind(bodies)
@@ -615,24 +701,55 @@ pub async fn release(sql: &mut Sql<'_>, scope: &Scope, owner: Uuid) -> sqlx::Res
     Ok(())
 }
 
-/// Deletes up to `batch` completed keys past retention; returns how many.
-pub async fn purge_expired(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<u64> {
-    let done = sql
-        .query(PURGE_EXPIRED)
+/// Deletes up to `batch` of the oldest completed keys past retention, one statement
+/// per tenant.
+pub async fn purge_expired(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<Purged> {
+    let groups = sql
+        .query_as(PURGEABLE_EXPIRED.as_str())
         .bind(batch)
-        .execute(sql.conn())
+        .fetch_all(sql.conn())
         .await?;
-    Ok(done.rows_affected())
+    delete_by_tenant(sql, PURGE_EXPIRED.as_str(), groups).await
 }
 
-/// Deletes up to `batch` PROCESSING claims whose lease ran out more than `grace_secs`
-/// ago and that no retry took over; returns how many.
-pub async fn purge_abandoned(sql: &mut Sql<'_>, grace_secs: i64, batch: i64) -> sqlx::Result<u64> {
-    let done = sql
-        .query(PURGE_ABANDONED)
+/// Deletes up to `batch` of the oldest PROCESSING claims whose lease ran out more than
+/// `grace_secs` ago and that no retry took over, one statement per tenant.
+pub async fn purge_abandoned(
+    sql: &mut Sql<'_>,
+    grace_secs: i64,
+    batch: i64,
+) -> sqlx::Result<Purged> {
+    let groups = sql
+        .query_as(PURGEABLE_ABANDONED.as_str())
         .bind(grace_secs)
         .bind(batch)
-        .execute(sql.conn())
+        .fetch_all(sql.conn())
         .await?;
-    Ok(done.rows_affected())
+    delete_by_tenant(sql, PURGE_ABANDONED.as_str(), groups).await
+}
+
+/// One tenant's keys a purge found past retention: tenant, endpoints, keys (in step)
+/// and the cut-off they were found by.
+pub type PurgeGroup = (Uuid, Vec<String>, Vec<String>, DateTime<Utc>);
+
+/// Runs `delete` (tenant, endpoints, keys, cut-off) once per tenant's group of keys.
+async fn delete_by_tenant(
+    sql: &mut Sql<'_>,
+    delete: &'static str,
+    groups: Vec<PurgeGroup>,
+) -> sqlx::Result<Purged> {
+    let mut purged = Purged::default();
+    for (tenant, endpoints, keys, cutoff) in groups {
+        purged.found += keys.len() as u64;
+        let done = sql
+            .query(delete)
+            .bind(tenant)
+            .bind(endpoints)
+            .bind(keys)
+            .bind(cutoff)
+            .execute(sql.conn())
+            .await?;
+        purged.deleted += done.rows_affected();
+    }
+    Ok(purged)
 }

@@ -287,12 +287,15 @@ impl Relay {
             }
         }
         // Mark published rows first: the sooner they are marked, the sooner the next
-        // event of each order may go.
+        // event of each order may go. The tenants with the fewest go first, so that a
+        // quiet tenant's event is out before the share a backlog had in the same round.
+        let mut published_by_tenant = by_tenant(&published, |e| e.0);
+        published_by_tenant.sort_by_key(|(_, events)| events.len());
         self.db
             .run(async |c| {
-                for (tenant, events) in by_tenant(&published, |e| e.0) {
+                for (tenant, events) in &published_by_tenant {
                     let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
-                    store::mark_published(c, tenant, &ids, claim, now).await?;
+                    store::mark_published(c, *tenant, &ids, claim, now).await?;
                 }
                 for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
                     store::mark_failed(c, tenant, &failures, claim).await?;

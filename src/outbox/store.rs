@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
-use crate::db::Sql;
+use crate::db::{Purged, Sql};
 
 /// A claimed event, ready to publish: one row of [`CLAIM_TENANT`], read as it is.
 #[derive(Debug, Clone, FromRow)]
@@ -254,17 +254,34 @@ pub const REDRIVE_ONE: &str = "UPDATE outbox_event
      SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
      WHERE status = 'DEAD' AND event_id = $1";
 
-pub const REDRIVE_ALL: &str = "UPDATE outbox_event
-     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
-     WHERE status = 'DEAD'";
+/// The tenants with DEAD events (a plain read; [`REDRIVE_TENANT`] puts each back).
+pub const DEAD_TENANTS: &str = "SELECT DISTINCT tenant_id FROM outbox_event WHERE status = 'DEAD'";
 
-/// Up to `$2` events published more than `$1` seconds ago, oldest first.
-pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
-     WHERE (tenant_id, event_id) IN (
+/// Puts every DEAD event of tenant `$1` back in line.
+pub const REDRIVE_TENANT: &str = "UPDATE outbox_event
+     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+     WHERE tenant_id = $1 AND status = 'DEAD'";
+
+/// The oldest `$2` events published more than `$1` seconds ago, grouped by tenant,
+/// with the cut-off as the database's clock put it. A plain read: it locks nothing, so
+/// it may span tenants; each tenant's rows are then deleted by [`PURGE_PUBLISHED`].
+pub const PURGEABLE_PUBLISHED: &str = "WITH cut AS MATERIALIZED (
+         SELECT clock_timestamp() - $1 * interval '1 second' AS at),
+     oldest AS (
          SELECT tenant_id, event_id FROM outbox_event
-         WHERE status = 'PUBLISHED' AND published_at <= clock_timestamp() - $1 * interval '1 second'
+         WHERE status = 'PUBLISHED' AND published_at <= (SELECT at FROM cut)
          ORDER BY published_at
-         LIMIT $2
+         LIMIT $2)
+     SELECT tenant_id, array_agg(event_id) AS events, (SELECT at FROM cut) AS cutoff
+     FROM oldest GROUP BY tenant_id";
+
+/// Deletes tenant `$1`'s events `$2` that are still published before `$3`, by primary
+/// key; a row another transaction holds is left for the next pass.
+pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
+     WHERE tenant_id = $1 AND event_id IN (
+         SELECT event_id FROM outbox_event
+         WHERE tenant_id = $1 AND event_id = ANY ($2)
+           AND status = 'PUBLISHED' AND published_at <= $3
          FOR UPDATE SKIP LOCKED)";
 
 /// Where a round starts, and which tenants it visits (see [`PENDING_TENANTS`]).
@@ -511,23 +528,45 @@ pub async fn redrive_one(sql: &mut Sql<'_>, event_id: Uuid) -> sqlx::Result<u64>
 
 /// Puts every DEAD event back in line; returns how many.
 pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
-    let done = sql.query(REDRIVE_ALL).execute(sql.conn()).await?;
-    Ok(done.rows_affected())
+    let tenants: Vec<Uuid> = sql.query_scalar(DEAD_TENANTS).fetch_all(sql.conn()).await?;
+    let mut redriven = 0;
+    for tenant in tenants {
+        let done = sql
+            .query(REDRIVE_TENANT)
+            .bind(tenant)
+            .execute(sql.conn())
+            .await?;
+        redriven += done.rows_affected();
+    }
+    Ok(redriven)
 }
 
-/// Deletes up to `batch` events published more than `retention_secs` ago.
+/// Deletes up to `batch` of the oldest events published more than `retention_secs`
+/// ago, one statement per tenant; returns how many it found and how many went.
 pub async fn purge_published(
     sql: &mut Sql<'_>,
     retention_secs: i64,
     batch: i64,
-) -> sqlx::Result<u64> {
-    let done = sql
-        .query(PURGE_PUBLISHED)
+) -> sqlx::Result<Purged> {
+    let groups: Vec<(Uuid, Vec<Uuid>, DateTime<Utc>)> = sql
+        .query_as(PURGEABLE_PUBLISHED)
         .bind(retention_secs)
         .bind(batch)
-        .execute(sql.conn())
+        .fetch_all(sql.conn())
         .await?;
-    Ok(done.rows_affected())
+    let mut purged = Purged::default();
+    for (tenant, events, cutoff) in groups {
+        purged.found += events.len() as u64;
+        let done = sql
+            .query(PURGE_PUBLISHED)
+            .bind(tenant)
+            .bind(events)
+            .bind(cutoff)
+            .execute(sql.conn())
+            .await?;
+        purged.deleted += done.rows_affected();
+    }
+    Ok(purged)
 }
 
 /// Up to `$2` events of tenant `$1`, whatever their state, by primary key: how many,

@@ -61,6 +61,65 @@ async fn the_purge_deletes_expired_and_abandoned_rows_in_batches_and_keeps_the_r
     );
 }
 
+/// The purge reads its candidates without locks and deletes them one tenant per
+/// statement, checking the condition again: a claim that a retry took over between the
+/// two (its lease moved on) is kept, and so is a row another transaction holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_taken_over_or_held_after_the_purge_read_it_is_kept() {
+    use orderd::idempotency::store as idem;
+    use uuid::Uuid;
+    let db = TestDb::new().await;
+    seed(&db, 3, "PROCESSING", "0 seconds", "-2 hours").await;
+    let groups: Vec<idem::PurgeGroup> = sqlx::query_as(idem::PURGEABLE_ABANDONED.as_str())
+        .bind(3600i64)
+        .bind(10i64)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 3, "one group per tenant");
+    let (taken, held, free) = (&groups[0], &groups[1], &groups[2]);
+    // A retry takes the first over: its lease now runs into the future.
+    sqlx::query("UPDATE idempotency_record SET lease_until = now() + interval '30 seconds' WHERE tenant_id = $1")
+        .bind(taken.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // Another transaction holds the second.
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_record WHERE tenant_id = $1 FOR UPDATE")
+        .bind(held.0)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut deleted = Vec::new();
+    for (tenant, endpoints, keys, cutoff) in &groups {
+        let done = sqlx::query(idem::PURGE_ABANDONED.as_str())
+            .bind(tenant)
+            .bind(endpoints)
+            .bind(keys)
+            .bind(cutoff)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        deleted.push(done.rows_affected());
+    }
+    assert_eq!(deleted, [0, 0, 1]);
+    holder.rollback().await.unwrap();
+    let left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT tenant_id FROM idempotency_record ORDER BY tenant_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let mut kept = vec![taken.0, held.0];
+    kept.sort();
+    assert_eq!(left, kept);
+    assert!(!left.contains(&free.0));
+    // The next pass takes the one that was held, and never the one taken over.
+    let report = purge_idempotency_once(&db.direct(), 10).await.unwrap();
+    assert_eq!(report.abandoned_claims, 1);
+    assert_eq!(count(&db, "PROCESSING").await, 1);
+}
+
 /// The purged tables are vacuumed at 2 % of dead rows, not the server's default of a
 /// fifth, and orderd reads (and warns about) a server that does not vacuum at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

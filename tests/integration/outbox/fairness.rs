@@ -105,10 +105,9 @@ async fn a_quiet_tenant_goes_out_within_two_rounds_beside_a_backlog_of_60_000_wi
     let db = TestDb::new().await;
     let noisy = Uuid::new_v4();
     backlog(&db, noisy, 60_000, "now()").await;
-    // One round at a time: with more, each lane's round already claimed when the event
-    // commits is published before it too (one more batch per lane).
-    let app =
-        spawn_publishing_app_on(db, &moto, &arn, &[("ORDERD_OUTBOX_PARALLEL_ROUNDS", "1")]).await;
+    // The default settings: two lanes, each with a round in flight when the event
+    // commits; the next round to start carries it.
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
 
     let quiet = Uuid::new_v4();
     let committed = create_slowly(&app, quiet, 20).await;
