@@ -37,6 +37,7 @@ use orderd::{
     service::Endpoint,
     tenant::TenantId,
 };
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -87,6 +88,10 @@ enum Scenario {
         /// What else lies in the table beside the backlog, and whose ids.
         #[arg(long, value_enum, default_value_t = Condition::Due)]
         condition: Condition,
+        /// Events in backoff beside the backlog in the `waiting` condition (default: as
+        /// many as the backlog).
+        #[arg(long)]
+        waiting: Option<i64>,
     },
 }
 
@@ -451,11 +456,20 @@ async fn seed_waiting(pool: &sqlx::PgPool, events: i64, tenant: Uuid) {
     tx.commit().await.expect("commit the waiting rows");
 }
 
-/// The backlog of `events` (see [`seed_backlog`]), with what `condition` adds.
-async fn lay_down(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>, condition: Condition) {
-    seed_backlog(pool, events, tenant).await;
-    if let (Condition::Waiting, Some(tenant)) = (condition, tenant) {
-        seed_waiting(pool, events, tenant).await;
+/// What a scenario lays down: `events` due, with what `condition` adds (`waiting` in
+/// backoff and a tenth of that behind DEAD events, for [`Condition::Waiting`]).
+#[derive(Clone, Copy)]
+struct Backlog {
+    events: i64,
+    condition: Condition,
+    waiting: i64,
+}
+
+/// The backlog (see [`seed_backlog`]), of `tenant` or of a tenant per event.
+async fn lay_down(pool: &sqlx::PgPool, backlog: Backlog, tenant: Option<Uuid>) {
+    seed_backlog(pool, backlog.events, tenant).await;
+    if let (Condition::Waiting, Some(tenant)) = (backlog.condition, tenant) {
+        seed_waiting(pool, backlog.waiting, tenant).await;
     }
 }
 
@@ -482,17 +496,16 @@ async fn until_drained(pool: &sqlx::PgPool, started: Instant) -> f64 {
     }
 }
 
-/// A fresh database with a backlog of `events` (see [`seed_backlog`]) drained by one
-/// relay, nothing else running; returns its pool and the seconds the drain took.
+/// A fresh database with `backlog` (see [`lay_down`]) drained by one relay, nothing
+/// else running; returns its pool and the seconds the drain took.
 async fn drain_once(
     config: &Config,
     publisher: Arc<dyn Publisher>,
-    events: i64,
+    backlog: Backlog,
     tenant: Option<Uuid>,
-    condition: Condition,
 ) -> (sqlx::PgPool, f64) {
     let (_db, pool) = fresh(config).await;
-    lay_down(&pool, events, tenant, condition).await;
+    lay_down(&pool, backlog, tenant).await;
     let stop = CancellationToken::new();
     let started = Instant::now();
     let running = start_relay(config, publisher, true, &stop).await;
@@ -505,7 +518,12 @@ async fn drain_once(
 /// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
 /// drain them.
 async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let (pool, secs) = drain_once(&config, publisher, events, None, Condition::Due).await;
+    let backlog = Backlog {
+        events,
+        condition: Condition::Due,
+        waiting: 0,
+    };
+    let (pool, secs) = drain_once(&config, publisher, backlog, None).await;
     let published: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'")
             .fetch_one(&pool)
@@ -526,11 +544,14 @@ async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
 async fn fairness(
     config: Config,
     publisher: Arc<dyn Publisher>,
-    events: i64,
+    backlog: Backlog,
     rate: u32,
     pairs: u32,
-    condition: Condition,
+    claims: &PrometheusHandle,
 ) {
+    let Backlog {
+        events, condition, ..
+    } = backlog;
     let (noisy, quiet) = match condition {
         Condition::Sequential => (
             sequential(1),
@@ -543,10 +564,10 @@ async fn fairness(
     let mut shares = Vec::new();
     for _ in 0..pairs {
         let (_, secs) =
-            drain_once(&config, publisher.clone(), events, Some(noisy), condition).await;
+            drain_once(&config, publisher.clone(), backlog, Some(noisy)).await;
         let alone = events as f64 / secs;
         let (db, pool) = fresh(&config).await;
-        lay_down(&pool, events, Some(noisy), condition).await;
+        lay_down(&pool, backlog, Some(noisy)).await;
         let stamped = Arc::new(Stamped {
             inner: publisher.clone(),
             acknowledged: Mutex::new(HashMap::new()),
@@ -577,7 +598,7 @@ async fn fairness(
     let mut sorted = ratios.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "fairness ({}): a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "fairness ({}): a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim round p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         condition
             .to_possible_value()
             .map(|v| v.get_name().to_string())
@@ -588,7 +609,35 @@ async fn fairness(
         percentile(&shares, 0.5),
         percentile(&shares, 0.99),
         shares.last().copied().unwrap_or_default(),
+        claim_ms(claims, "0.5"),
+        claim_ms(claims, "0.99"),
+        claim_ms(claims, "1"),
     );
+}
+
+/// A recorder for this process that keeps the relay's claim durations as a summary
+/// (quantiles over the whole run, not the exporter's default minute), so that a
+/// scenario can print a claim round's database time.
+fn record_claims() -> PrometheusHandle {
+    PrometheusBuilder::new()
+        .set_bucket_duration(Duration::from_secs(24 * 3600))
+        .expect("a non-zero duration")
+        .install_recorder()
+        .expect("no other recorder in this process")
+}
+
+/// `quantile` (as the exporter renders it, e.g. `0.99`) of the claim durations, in ms.
+fn claim_ms(handle: &PrometheusHandle, quantile: &str) -> f64 {
+    let series = format!(
+        "{}{{quantile=\"{quantile}\"}} ",
+        orderd::metrics::OUTBOX_CLAIM_DURATION
+    );
+    handle
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(&series)?.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+        * 1000.0
 }
 
 #[tokio::main]
@@ -619,10 +668,17 @@ async fn main() {
             pairs,
             publisher: target,
             condition,
+            waiting,
         } => {
+            let claims = record_claims();
             let config = config(&args.database_url, 500);
             let publisher = publisher(target, &config).await;
-            fairness(config, publisher, events, rate, pairs.max(1), condition).await;
+            let backlog = Backlog {
+                events,
+                condition,
+                waiting: waiting.unwrap_or(events),
+            };
+            fairness(config, publisher, backlog, rate, pairs.max(1), &claims).await;
         }
     }
 }

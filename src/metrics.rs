@@ -23,6 +23,7 @@ pub const OUTBOX_DEAD: &str = "outbox_dead_events";
 pub const OUTBOX_PUBLISHED: &str = "outbox_published_total";
 pub const OUTBOX_FAILURES: &str = "outbox_publish_failures_total";
 pub const OUTBOX_LAG: &str = "outbox_publish_lag_seconds";
+pub const OUTBOX_CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
 pub const HTTP_REQUESTS: &str = "http_requests_total";
 pub const HTTP_DURATION: &str = "http_request_duration_seconds";
 pub const RATE_LIMITED: &str = "rate_limited_requests_total";
@@ -118,6 +119,12 @@ const LAG_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
+/// Claim buckets: a claim round's target is tens of milliseconds; its statement timeout
+/// is seconds.
+const CLAIM_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 /// The process-wide recorder's handle, once installed.
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -148,6 +155,12 @@ pub fn install(known: &KnownLabels) -> PrometheusHandle {
                 .set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &HTTP_BUCKETS)
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(OUTBOX_LAG.into()), &LAG_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(OUTBOX_CLAIM_DURATION.into()),
+                        &CLAIM_BUCKETS,
+                    )
                 })
                 .expect("bucket lists are non-empty")
                 .install_recorder()
@@ -183,6 +196,11 @@ fn describe() {
         OUTBOX_LAG,
         Unit::Seconds,
         "Time from an event's commit to the bus's acknowledgement"
+    );
+    describe_histogram!(
+        OUTBOX_CLAIM_DURATION,
+        Unit::Seconds,
+        "Database time of one relay round's claim: finding the tenants with due events, claiming each one's share and parking what must wait"
     );
     describe_counter!(
         HTTP_REQUESTS,
@@ -269,6 +287,11 @@ pub fn idempotency_outcome(endpoint: &'static str, outcome: impl Label) {
 pub fn published(event_type: impl Label, lag_secs: f64) {
     counter!(OUTBOX_PUBLISHED, "event_type" => event_type.as_str()).increment(1);
     histogram!(OUTBOX_LAG).record(lag_secs.max(0.0));
+}
+
+/// The database time of one relay round's claim, committed or not.
+pub fn claim_duration(seconds: f64) {
+    histogram!(OUTBOX_CLAIM_DURATION).record(seconds);
 }
 
 pub fn publish_failure(reason: impl Label) {

@@ -12,7 +12,7 @@ use std::{
         Arc,
         atomic::{AtomicU32, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use sqlx::postgres::PgConnectOptions;
@@ -209,14 +209,8 @@ impl Relay {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
         let batch_size = i64::from(self.config.batch_size);
-        let (
-            now,
-            store::Claimed {
-                events: batch,
-                unreadable,
-                parked,
-            },
-        ) = self
+        let claiming = Instant::now();
+        let claimed = self
             .db
             .run(async |c| {
                 let start = {
@@ -231,7 +225,16 @@ impl Relay {
                 let claimed = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
                 Ok::<_, sqlx::Error>((start.now, claimed))
             })
-            .await?;
+            .await;
+        metrics::claim_duration(claiming.elapsed().as_secs_f64());
+        let (
+            now,
+            store::Claimed {
+                events: batch,
+                unreadable,
+                parked,
+            },
+        ) = claimed?;
         if !unreadable.is_empty() {
             self.set_aside(&unreadable, claim).await?;
         }
@@ -249,7 +252,7 @@ impl Relay {
             .iter()
             .map(|event| publish_span(event, system, destination))
             .collect();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let outcomes = self.publisher.publish(&messages).await;
         tracing::debug!(
             claimed = batch.len(),
