@@ -24,6 +24,7 @@ use std::{
 };
 
 use clap::{Parser, Subcommand, ValueEnum};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use orderd::db::Db;
 use orderd::{
     app::Config,
@@ -37,7 +38,6 @@ use orderd::{
     service::Endpoint,
     tenant::TenantId,
 };
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -563,8 +563,7 @@ async fn fairness(
     let mut rates = Vec::new();
     let mut shares = Vec::new();
     for _ in 0..pairs {
-        let (_, secs) =
-            drain_once(&config, publisher.clone(), backlog, Some(noisy)).await;
+        let (_, secs) = drain_once(&config, publisher.clone(), backlog, Some(noisy)).await;
         let alone = events as f64 / secs;
         let (db, pool) = fresh(&config).await;
         lay_down(&pool, backlog, Some(noisy)).await;
