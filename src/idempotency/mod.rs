@@ -422,7 +422,7 @@ impl Guard {
         if !store::complete(&mut tx.sql(), &fence, &response).await? {
             // Dropping `tx` rolls back everything this request wrote.
             drop(tx);
-            return Err(self.lease_lost(fence.scope));
+            return Err(self.lease_lost(fence.scope).await);
         }
         tx.commit().await?;
         Ok(response)
@@ -450,7 +450,7 @@ impl Guard {
             // The statement wrote nothing (behind a pooler, dropping `conn` also rolls
             // its transaction back).
             drop(conn);
-            return Err(self.lease_lost(fence.scope));
+            return Err(self.lease_lost(fence.scope).await);
         };
         conn.done().await?;
         Ok(response)
@@ -483,8 +483,17 @@ impl Guard {
             })
     }
 
-    /// Our lease expired and another request took the key over: it alone may commit.
-    fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
+    /// The completion matched no row: our lease expired and another request took the
+    /// key over (it alone may commit), or the tenant's erasure deleted the claim, which
+    /// the client is told as such rather than as a key in flight.
+    async fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
+        let erasing = self
+            .db
+            .run(async |c| store::tenant_erasing(c, scope.tenant).await)
+            .await;
+        if let Ok(true) = erasing {
+            return GuardError::TenantErasing;
+        }
         tracing::warn!(
             endpoint = %scope.endpoint,
             "lost the idempotency lease before completing; rolled back"

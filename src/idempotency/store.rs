@@ -77,6 +77,18 @@ impl std::fmt::Debug for Fence<'_> {
     }
 }
 
+/// Whether tenant `$1` is being erased.
+pub const TENANT_ERASING: &str =
+    "SELECT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = $1)";
+
+/// Whether `tenant` is being erased (see [`TENANT_ERASING`]).
+pub async fn tenant_erasing(sql: &mut Sql<'_>, tenant: TenantId) -> sqlx::Result<bool> {
+    sql.query_scalar(TENANT_ERASING)
+        .bind(tenant.0)
+        .fetch_one(sql.conn())
+        .await
+}
+
 /// Claim or read, in one statement: `INSERT ... ON CONFLICT DO NOTHING` (the one
 /// atomic decision of who owns a new key), and when the key exists, its record as of
 /// the statement's snapshot; neither while the tenant is being erased (one row,

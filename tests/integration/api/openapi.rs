@@ -159,14 +159,16 @@ async fn cut_off(name: &str) -> CutOff {
     .await
     .unwrap();
     // `pg_terminate_backend` only signals: wait until the backends are gone, so that
-    // no statement slips through on one that has not exited yet.
+    // no statement slips through on one that has not exited yet. A connection that was
+    // still logging in when the first signal went out is terminated on a later turn.
     loop {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
-                .bind(name)
-                .fetch_one(&mut admin)
-                .await
-                .unwrap();
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1",
+        )
+        .bind(name)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
         if left == 0 {
             break;
         }
