@@ -4,8 +4,9 @@
 //! anew, in bounded batches; then it counts what is left, and says so.
 //!
 //! It walks the tenants in order, and each batch is one short transaction that locks
-//! rows of one tenant (`FOR UPDATE SKIP LOCKED`), opens each body under the key it names, seals the plaintext under the first key and
-//! writes it back where the row still names the key and layout it was read under. So:
+//! rows of one tenant (`FOR UPDATE SKIP LOCKED`), opens each body under the key it
+//! names, seals the plaintext under the first key and writes it back where the row
+//! still names the key and layout it was read under. So:
 //! - live traffic goes on: replays read without locks; a completion only ever touches a
 //!   PROCESSING row, which a rewrap never reads, and seals under the first key itself;
 //! - two rewraps side by side take different rows, and since every new body is sealed
@@ -147,18 +148,18 @@ async fn walk(
     progress: &mut impl FnMut(&Report),
 ) -> anyhow::Result<BTreeMap<RecordKey, Why>> {
     let mut cannot = BTreeMap::new();
+    let walk = Walk {
+        db,
+        sealer,
+        target,
+        batch,
+    };
     let mut from = Uuid::nil();
     // One tenant at a time, so that no statement locks rows of two tenants.
     while let Some(tenant) = db
         .run(async |c| store::next_tenant_not_sealed(c, target, from).await)
         .await?
     {
-        let walk = Walk {
-            db,
-            sealer,
-            target,
-            batch,
-        };
         let cursor = (tenant, String::new(), String::new());
         reseal_tenant(&walk, cursor, report, progress, &mut cannot).await?;
         match tenant.as_u128().checked_add(1) {
