@@ -176,11 +176,22 @@ async fn a_backlog_in_backoff_and_behind_dead_heads_neither_delays_others_nor_lo
     .execute(&db.pool)
     .await
     .unwrap();
+    // Beside them, another tenant's due backlog that keeps every round full.
+    let busy = Uuid::new_v4();
+    backlog(&db, busy, 20_000, "now()").await;
     let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
 
     let quiet = Uuid::new_v4();
-    create_slowly(&app, quiet, 20).await;
+    let committed = create_slowly(&app, quiet, 20).await;
     published_of(&app.db, &[quiet], 20).await;
+    let between = most_published_in_between(&app.db, &committed, busy).await;
+    println!(
+        "at most {between} of the due backlog published between a quiet event's commit and its publication"
+    );
+    assert!(
+        between <= 2 * BATCH,
+        "{between} of the due backlog went first"
+    );
     // The waiting rows are parked out of the due range (for good behind a DEAD event),
     // none of them published.
     app.db
