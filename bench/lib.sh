@@ -158,3 +158,24 @@ replay_pairs() {
     for f in replay healthz; do cp "$OUT/$f-$c-$median" "$OUT/$f-$c"; done
     REPLAY_RATIOS="$(cut -d' ' -f1 <<<"${ratios%$'\n'}" | tr '\n' ' ')"
 }
+
+# A service runs on a server that vacuums, and that is what a measurement should see. A
+# server with autovacuum off (some CI images ship one; orderd warns about it at start)
+# gets it on for the run: `autovacuum_on` before, `autovacuum_restore` in the script's
+# cleanup. $1 says what for, in the log line.
+autovacuum_on() {
+    AUTOVACUUM_WAS="$(psql -XAtq "$DATABASE_URL" -c "SHOW autovacuum")"
+    [ "$AUTOVACUUM_WAS" = off ] || return 0
+    if psql -qX "$DATABASE_URL" -c "ALTER SYSTEM SET autovacuum = on" -c "SELECT pg_reload_conf()" >/dev/null 2>&1; then
+        log "autovacuum is off on this server: on for $1, off again afterwards"
+    else
+        log "autovacuum is off on this server and this user cannot turn it on: $1 runs without it"
+        AUTOVACUUM_WAS=kept
+    fi
+}
+autovacuum_restore() {
+    [ "${AUTOVACUUM_WAS:-}" = off ] || return 0
+    # SET, not RESET: where `off` came from ALTER SYSTEM itself, RESET would leave it on.
+    psql -qX "$DATABASE_URL" -c "ALTER SYSTEM SET autovacuum = off" -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+    AUTOVACUUM_WAS=on
+}

@@ -13,6 +13,7 @@ pub mod publisher;
 pub mod relay;
 pub mod settings;
 pub mod sink;
+pub mod statistics;
 pub mod store;
 pub mod writer;
 

@@ -25,6 +25,7 @@ use super::{
     backoff::Backoff,
     event::TypeLabel,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
+    statistics::Statistics,
     store::{self, Failure, PendingEvent},
 };
 use crate::{
@@ -72,6 +73,8 @@ pub struct Relay {
     /// there (`store::PENDING_TENANTS`). Held while a round reads its tenants, so that
     /// the relay's lanes take turns along the tenants instead of each walking the same.
     cursor: tokio::sync::Mutex<Uuid>,
+    /// The planner's statistics of the outbox, refreshed when a backlog outgrew them.
+    statistics: Statistics,
 }
 
 impl Relay {
@@ -96,6 +99,7 @@ impl Relay {
             listen: true,
             failed_rounds: AtomicU32::new(0),
             cursor: tokio::sync::Mutex::new(Uuid::nil()),
+            statistics: Statistics::default(),
         }
     }
 
@@ -209,6 +213,9 @@ impl Relay {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
         let batch_size = i64::from(self.config.batch_size);
+        if self.config.analyze {
+            self.statistics.keep_current(&self.db).await;
+        }
         let claiming = Instant::now();
         let claimed = self
             .db

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::config::{ConfigError, parse, range, settings};
+use crate::config::{ConfigError, Kind, parse, range, settings};
 
 settings! {
     /// Settings of the outbox relay.
@@ -18,6 +18,9 @@ settings! {
         /// Bound on one publish call (SNS) or one record's delivery (Kafka).
         publish_timeout: Duration = parse::millis [OUTBOX_PUBLISH_TIMEOUT_MS, "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", Some("10000"), range(100, 120_000), "bound on one SNS call, or on a Kafka record's delivery (its `message.timeout.ms`)"],
         /// How long published rows are kept before the purge deletes them.
+        /// Whether the relay analyses `outbox_event` when a backlog outgrew the
+        /// planner's statistics (see [`super::statistics`]).
+        analyze: bool = parse::switch [OUTBOX_ANALYZE, "ORDERD_OUTBOX_ANALYZE", Some("on"), Kind::Switch, "the relay runs `ANALYZE outbox_event` when more than half of the table changed since its last one (a bulk import, a re-drive), so that its statements keep their plans; needs the table's or the database's owner"],
         retention: Duration = parse::secs [OUTBOX_RETENTION_SECS, "ORDERD_OUTBOX_RETENTION_SECS", Some("86400"), range(1, 31_536_000), "how long published events are kept before the purge deletes them"],
     }
     check = OutboxConfig::check;

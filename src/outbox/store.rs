@@ -176,7 +176,7 @@ pub const PARK_TENANT: &str = "WITH scan AS (
 pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
 
 /// How many due rows one claim reads beyond its batch at most, and one park parks.
-pub const PARK_WINDOW: i64 = 1000;
+pub const PARK_WINDOW: i64 = 250;
 
 /// Marks a round's acknowledged events of tenant `$1`, asynchronously committed like
 /// the claim: a mark lost to a database crash only means those events are published

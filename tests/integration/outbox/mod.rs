@@ -2,4 +2,5 @@ mod fairness;
 mod forwarding;
 mod kafka;
 mod relay;
+mod statistics;
 mod trace_context;

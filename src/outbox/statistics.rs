@@ -1,0 +1,103 @@
+//! Keeps the planner's statistics of `outbox_event` in step with a backlog that just
+//! landed.
+//!
+//! The relay's statements name one tenant and read index ranges, but PostgreSQL still
+//! chooses between the indexes that can serve them by its statistics, and statistics
+//! taken while the table held other rows say the wrong thing about a backlog: taken
+//! while every event was published, they say no event is pending and that a tenant
+//! they never saw has one row. Then a claim reads all the pending rows by another
+//! index and sorts them, and the mark reads every row of the tenant, a second each at a
+//! million rows (decision 141). No statement shape avoids that: the index that serves a
+//! tenant's rows also serves "all of the tenant's rows", and PostgreSQL takes it when
+//! it believes that is one row. Autovacuum analyses the table only after its naptime
+//! (a minute), and not at all where it is off.
+//!
+//! So the relay, at the start of a round and at most once a second, asks the
+//! database's own counters how many rows changed since the last `ANALYZE`, and
+//! analyses the table itself when that is more than half of what the last one
+//! counted, plus 10,000: a bulk import, a re-drive or a refusing sink, not the churn
+//! of a steady flow (which autovacuum's tenth catches in its own time). `SKIP_LOCKED`:
+//! when another relay or autovacuum is already analysing, this one does not wait.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::db::Db;
+
+/// Whether `outbox_event` changed by more than half of its rows (as the last `ANALYZE`
+/// counted them) plus 10,000 since it was last analysed, whether this session may
+/// analyse it (it owns the table or the database; otherwise PostgreSQL would only warn),
+/// and whether no one else holds the lock `ANALYZE` takes (autovacuum's long vacuum of
+/// a table that just drained holds it for seconds, and `SKIP_LOCKED` would then only
+/// warn, every second).
+pub const STALE: &str = "SELECT pg_stat_get_mod_since_analyze(c.oid) > 0.5 * greatest(c.reltuples, 0) + 10000
+            AND (pg_has_role(c.relowner, 'USAGE')
+                 OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE'))
+            AND NOT EXISTS (SELECT 1 FROM pg_locks l
+                            WHERE l.relation = c.oid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted)
+     FROM pg_class c WHERE c.oid = 'outbox_event'::regclass";
+
+/// The table's statistics, sampled again (30,000 rows at the default statistics
+/// target); a minute at most, whatever the statement timeout.
+pub const ANALYZE: &str = "ANALYZE (SKIP_LOCKED) outbox_event";
+
+/// How often a relay looks at the counters at most.
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// When this relay last looked. Held while it looks and analyses, so that the relay's
+/// other lanes wait for fresh statistics instead of claiming with stale ones.
+#[derive(Debug)]
+pub struct Statistics {
+    checked: Mutex<Option<Instant>>,
+}
+
+impl Default for Statistics {
+    fn default() -> Self {
+        Self {
+            checked: Mutex::new(None),
+        }
+    }
+}
+
+impl Statistics {
+    /// Analyses `outbox_event` when it changed a lot since its last `ANALYZE` (see the
+    /// module's documentation); whether it did. A failure is logged and the round goes
+    /// on: stale statistics make rounds slow, never wrong.
+    pub async fn keep_current(&self, db: &Db) -> bool {
+        let mut checked = self.checked.lock().await;
+        if checked.is_some_and(|at| at.elapsed() < CHECK_EVERY) {
+            return false;
+        }
+        *checked = Some(Instant::now());
+        match analyze_if_stale(db).await {
+            Ok(analysed) => analysed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
+                false
+            }
+        }
+    }
+}
+
+async fn analyze_if_stale(db: &Db) -> sqlx::Result<bool> {
+    let stale: Option<bool> = db
+        .run(async |sql| sql.query_scalar(STALE).fetch_optional(sql.conn()).await)
+        .await?;
+    if stale != Some(true) {
+        return Ok(false);
+    }
+    let started = Instant::now();
+    let mut tx = db.begin().await?;
+    let mut sql = tx.sql();
+    sql.query("SELECT set_config('statement_timeout', '60s', true)")
+        .execute(sql.conn())
+        .await?;
+    sql.query(ANALYZE).execute(sql.conn()).await?;
+    tx.commit().await?;
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        "analysed outbox_event: more of it changed since its last ANALYZE than the planner's statistics can stand"
+    );
+    Ok(true)
+}

@@ -1,0 +1,116 @@
+//! The relay keeps the outbox's planner statistics in step with a backlog that landed
+//! after the last `ANALYZE` (decision 141): statistics taken while every event was
+//! published say no event is pending, and the relay's statements then read every
+//! pending row. Read from the database's own counters, not from a clock.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::support::{
+    TestDb, settings,
+    sns::{Topic, moto_endpoint, publisher},
+};
+
+/// Manual `ANALYZE`s of `outbox_event` so far, and rows changed since the last one.
+async fn analysed(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT pg_stat_get_analyze_count('outbox_event'::regclass),
+                pg_stat_get_mod_since_analyze('outbox_event'::regclass)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// A database that ran a while (2,000 published events of one tenant, analysed), then
+/// 30,000 events of a new tenant laid down by SQL, in retry backoff for an hour (so
+/// that the relay has nothing to publish and only its statistics check runs).
+async fn stale() -> TestDb {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+                                   occurred_at, next_attempt_at, status, published_at)
+         SELECT '00000000-0000-0000-0000-00000000000a', gen_random_uuid(), gen_random_uuid(), 1,
+                'OrderCreated', '{}', now(), now(), 'PUBLISHED', now()
+         FROM generate_series(1, 2000);
+         ANALYZE outbox_event;
+         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+                                   occurred_at, next_attempt_at)
+         SELECT '00000000-0000-0000-0000-00000000000b', gen_random_uuid(), gen_random_uuid(), 1,
+                'OrderCreated', '{}', now(), now() + interval '1 hour'
+         FROM generate_series(1, 30000);
+         SELECT pg_stat_force_next_flush();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // A session publishes its counters when it goes idle, at most once a second.
+    db.until_count(
+        "SELECT (pg_stat_get_mod_since_analyze('outbox_event'::regclass) >= 30000)::int::bigint",
+        1,
+    )
+    .await;
+    db
+}
+
+/// One relay round on `db`, with the settings `overrides`.
+async fn one_round(db: &TestDb, overrides: &[(&str, &str)]) {
+    let topic = Topic::create(false).await;
+    let config = settings(db, overrides);
+    let relay = orderd::outbox::relay::Relay::new(
+        orderd::db::Db::direct(db.url.parse().unwrap(), 2, Duration::from_secs(30)),
+        db.session_options(),
+        publisher(&moto_endpoint(), &topic.arn, &config).await,
+        config.outbox.clone(),
+    );
+    let round = relay.round().await.unwrap();
+    assert_eq!(round.claimed, 0, "nothing is due");
+    // The next round, at once: the relay looks at most once a second.
+    relay.round().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_only_then() {
+    let db = stale().await;
+    let (before, changed) = analysed(&db).await;
+    assert!(
+        changed >= 30_000,
+        "{changed} rows changed since the ANALYZE"
+    );
+    one_round(&db, &[]).await;
+    let (after, changed) = analysed(&db).await;
+    assert_eq!(after, before + 1, "one ANALYZE by the relay, not two");
+    assert_eq!(changed, 0);
+    // With fresh statistics the walk over the tenants reads the pending rows by tenant,
+    // not all of them by another index.
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        orderd::outbox::store::PENDING_TENANTS
+    )))
+    .bind(Uuid::nil())
+    .bind(orderd::outbox::store::FAIR_TENANTS_PER_CLAIM)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_event_pending_by_tenant"), "{plan}");
+    assert!(!plan.contains("Bitmap"), "{plan}");
+    assert!(!plan.contains("outbox_event_pending_age"), "{plan}");
+
+    // A few more changes, far below the threshold: no ANALYZE.
+    sqlx::query("UPDATE outbox_event SET attempts = 1 WHERE event_id IN (SELECT event_id FROM outbox_event LIMIT 500)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    one_round(&db, &[]).await;
+    assert_eq!(analysed(&db).await.0, after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_orderd_outbox_analyze_off_the_relay_leaves_the_statistics_alone() {
+    let db = stale().await;
+    let (before, _) = analysed(&db).await;
+    one_round(&db, &[("ORDERD_OUTBOX_ANALYZE", "off")]).await;
+    assert_eq!(analysed(&db).await.0, before);
+}
