@@ -406,7 +406,7 @@ fn numeric_uid() -> String {
 fn token(tenant: Uuid, scope: &str, ttl: Duration, sub: &str) -> anyhow::Result<()> {
     let jwt = JwtConfig::from_env()?;
     let secret = jwt
-        .hs256_secret
+        .signing_secret()
         .context("ORDERD_JWT_HS256_SECRET must be set to mint a token")?;
     let token = auth::mint_hs256(&secret, tenant, sub, scope, ttl, jwt.issuer, jwt.audience)?;
     println!("{token}");

@@ -18,7 +18,8 @@ export function uuid() {
 
 /** An HS256 token for `tenant`, or TOKEN when no secret is given. */
 export function token(tenant, scope = 'orders:read orders:write') {
-  const secret = __ENV.ORDERD_JWT_HS256_SECRET;
+  // While a secret is rotated the variable lists several, the signing one first.
+  const secret = (__ENV.ORDERD_JWT_HS256_SECRET || '').split(',')[0];
   if (!secret) {
     if (!__ENV.TOKEN) {
       throw new Error('set ORDERD_JWT_HS256_SECRET (to mint tokens) or TOKEN');

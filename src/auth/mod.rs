@@ -101,7 +101,8 @@ struct MintedClaims<'a> {
 
 /// Where verification keys come from.
 enum Keys {
-    Hs256(DecodingKey),
+    /// The shared secrets, the signing one first; a token verifies with any of them.
+    Hs256(Vec<DecodingKey>),
     /// A public key and the one algorithm its type allows.
     Public(Algorithm, DecodingKey),
     Jwks(Arc<Jwks>),
@@ -120,12 +121,22 @@ impl Verifier {
     /// cannot be read, naming the variable. A JWKS is fetched later (see
     /// [`Verifier::jwks`]), so a provider that is down does not stop the process.
     pub fn new(config: &JwtConfig) -> Result<Self, ConfigError> {
-        let keys = if let Some(secret) = &config.hs256_secret {
-            Keys::Hs256(
-                DecodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| {
+        let keys = if config.hs256_secret.is_some() {
+            let secrets = config.hs256_secrets();
+            if secrets.len() > 1 {
+                tracing::info!(
+                    secrets = secrets.len(),
+                    "tokens verify with any of the HS256 secrets; `orderd token` signs with the first"
+                );
+            }
+            let keys = secrets
+                .iter()
+                .map(|secret| DecodingKey::from_secret(secret.expose().as_bytes()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
                     ConfigError::new(format!("ORDERD_JWT_HS256_SECRET is unusable: {e}"))
-                })?,
-            )
+                })?;
+            Keys::Hs256(keys)
         } else if let Some(path) = &config.public_key_file {
             let pem = std::fs::read(path).map_err(|e| {
                 ConfigError::new(format!(
@@ -218,8 +229,17 @@ impl Verifier {
         let not_accepted = AuthError::InvalidToken("the token's algorithm is not accepted");
         let configured = |(principal, exp)| (principal, exp, VerifiedBy::ConfiguredKey);
         match &self.keys {
-            Keys::Hs256(key) if header.alg == Algorithm::HS256 => {
-                self.validate(token, header.alg, key).map(configured)
+            Keys::Hs256(keys) if header.alg == Algorithm::HS256 => {
+                // The first secret whose signature matches decides; a token signed with
+                // none of them is refused as a bad signature.
+                let mut outcome = Err(AuthError::InvalidToken(BAD_SIGNATURE));
+                for key in keys {
+                    outcome = self.validate(token, header.alg, key);
+                    if !matches!(outcome, Err(AuthError::InvalidToken(BAD_SIGNATURE))) {
+                        break;
+                    }
+                }
+                outcome.map(configured)
             }
             Keys::Public(alg, key) if header.alg == *alg => {
                 self.validate(token, *alg, key).map(configured)
@@ -274,7 +294,7 @@ impl Verifier {
             AuthError::InvalidToken(match e.kind() {
                 ErrorKind::ExpiredSignature => "the token has expired",
                 ErrorKind::ImmatureSignature => "the token is not valid yet (`nbf`)",
-                ErrorKind::InvalidSignature => "the token's signature is invalid",
+                ErrorKind::InvalidSignature => BAD_SIGNATURE,
                 ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
                 ErrorKind::InvalidAudience => "the token's audience is not accepted",
                 ErrorKind::MissingRequiredClaim(_) | ErrorKind::Json(_) => {
@@ -296,6 +316,9 @@ impl Verifier {
         Ok((principal, claims.exp))
     }
 }
+
+/// Why a token whose signature no configured key matches is refused.
+const BAD_SIGNATURE: &str = "the token's signature is invalid";
 
 /// Mints an HS256 token for development (`orderd token`).
 pub fn mint_hs256(
@@ -361,6 +384,40 @@ mod tests {
         assert_eq!(
             p.require("admin").unwrap_err(),
             AuthError::MissingScope("admin")
+        );
+    }
+
+    /// A token signed with `secret` for a fresh tenant.
+    fn signed_with(secret: &str) -> String {
+        mint_hs256(
+            &Secret::new(secret),
+            Uuid::new_v4(),
+            "app",
+            "orders:read",
+            Duration::from_secs(60),
+            None,
+            None,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn during_a_rotation_every_secret_verifies_and_none_other() {
+        let new = "rotation-new-secret-0123456789abcdefgh";
+        let old = "rotation-old-secret-0123456789abcdefgh";
+        let config = JwtConfig {
+            hs256_secret: Some(Secret::new(format!("{new},{old}"))),
+            ..Default::default()
+        };
+        assert_eq!(config.signing_secret().unwrap().expose(), new);
+        let v = Verifier::new(&config).unwrap();
+        v.verify(&signed_with(new)).await.unwrap();
+        v.verify(&signed_with(old)).await.unwrap();
+        assert_eq!(
+            v.verify(&signed_with("another-secret-0123456789abcdefghijk"))
+                .await
+                .unwrap_err(),
+            AuthError::InvalidToken(BAD_SIGNATURE)
         );
     }
 

@@ -7,7 +7,10 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{Reply, SECRET, TestApp, new_key, order_body, spawn_app, spawn_app_with};
+use crate::support::{
+    Reply, SECRET, TestApp, TestDb, new_key, order_body, process::ServeProcess, spawn_app,
+    spawn_app_with,
+};
 
 const RSA_PRIVATE: &[u8] = include_bytes!("../../fixtures/rsa_private.pem");
 const EC_PRIVATE: &[u8] = include_bytes!("../../fixtures/ec_private.pem");
@@ -344,4 +347,79 @@ async fn an_audience_may_be_a_string_or_an_array() {
         let reply = list_as(&app, &hs256(&c, SECRET.as_bytes())).await;
         assert_eq!(reply.status == 200, accepted, "{aud}: {}", reply.status);
     }
+}
+
+/// `GET /v1/orders` on a running `orderd serve` with `token`: its status.
+async fn status_with(serve: &ServeProcess, token: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{}/v1/orders", serve.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A shared secret rotated as the operations guide says, against `orderd serve`
+/// processes: the new secret first and the old one after a comma, then the new one
+/// alone. No token is refused while both are listed, `orderd token` signs with the
+/// first, and a value that no longer reads as secrets stops the process at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hs256_secret_rotates_without_a_refused_token() {
+    const NEW: &str = "rotated-integration-secret-0123456789";
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let old_token = hs256(&claims(tenant), SECRET.as_bytes());
+    let new_token = hs256(&claims(tenant), NEW.as_bytes());
+
+    let during = ServeProcess::start(
+        &db,
+        &[("ORDERD_JWT_HS256_SECRET", format!("{NEW},{SECRET}"))],
+    );
+    assert_eq!(status_with(&during, &old_token).await, 200);
+    assert_eq!(status_with(&during, &new_token).await, 200);
+    let minted = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["token", "--tenant", &tenant.to_string()])
+        .env("ORDERD_JWT_HS256_SECRET", format!("{NEW},{SECRET}"))
+        .output()
+        .unwrap();
+    assert!(minted.status.success());
+    let minted = String::from_utf8(minted.stdout).unwrap().trim().to_string();
+    let only = |secret: &str| {
+        let mut validation = jsonwebtoken::Validation::new(Algorithm::HS256);
+        validation.validate_aud = false;
+        jsonwebtoken::decode::<Value>(
+            &minted,
+            &jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()).unwrap(),
+            &validation,
+        )
+        .is_ok()
+    };
+    assert!(
+        only(NEW) && !only(SECRET),
+        "`orderd token` signs with the first secret"
+    );
+    drop(during);
+
+    let after = ServeProcess::start(&db, &[("ORDERD_JWT_HS256_SECRET", NEW.to_string())]);
+    assert_eq!(status_with(&after, &new_token).await, 200);
+    assert_eq!(status_with(&after, &old_token).await, 401);
+    drop(after);
+
+    // A secret that contains a comma reads as two, one of them too short: refused at
+    // start, with the part named.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .arg("serve")
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_BIND", "127.0.0.1:0")
+        .env("ORDERD_JWT_HS256_SECRET", format!("{NEW},tail-of-it"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("secret 2 of 2 in ORDERD_JWT_HS256_SECRET is too short"),
+        "{stderr}"
+    );
 }
