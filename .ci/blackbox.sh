@@ -262,11 +262,12 @@ check_consumer() {
 # Kafka as the bus: tansu as the broker, orderd's relay publishing to it, and
 # confluent-kafka (nobody here wrote it) creating the topic and reading back every
 # event of 1,000 orders from 10 tenants: key, value, headers, per-order order, each
-# record valid against its Kafka message in the AsyncAPI document.
+# record valid against its Kafka message in the AsyncAPI document and read as a
+# CloudEvent by the official CloudEvents SDK.
 check_kafka() {
     local bin="$1" python port topic tokens i tenant
     log "kafka: 1,000 orders of 10 tenants reach tansu and are read back by confluent-kafka"
-    python="$(py_venv 'confluent-kafka==2.*' 'jsonschema==4.*' 'pyyaml==6.*')"
+    python="$(py_venv 'confluent-kafka==2.*' 'jsonschema==4.*' 'pyyaml==6.*' 'cloudevents==1.*')"
     port="$(free_port)"
     start_kafka "$port"
     topic="orderd-events-$(cat /proc/sys/kernel/random/uuid)"

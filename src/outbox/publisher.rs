@@ -8,6 +8,7 @@
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -55,6 +56,8 @@ pub struct Message {
     pub trace_state: Option<String>,
     /// The body's `schema_version`, as stored (a Kafka header).
     pub schema_version: Option<String>,
+    /// When the change happened (the CloudEvents `time` of a Kafka record).
+    pub occurred_at: DateTime<Utc>,
 }
 
 /// Whether retrying the same entry can help.

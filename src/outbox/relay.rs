@@ -467,6 +467,7 @@ fn to_message(event: &PendingEvent) -> Message {
         trace_parent: event.trace_parent.clone(),
         trace_state: event.trace_state.clone(),
         schema_version: event.schema_version.clone(),
+        occurred_at: event.occurred_at,
     }
 }
 

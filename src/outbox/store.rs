@@ -27,6 +27,8 @@ pub struct PendingEvent {
     pub attempts: i32,
     /// Seconds since the change committed (for the publish-lag histogram).
     pub age_secs: f64,
+    /// When the change happened (the CloudEvents `time` of a Kafka record).
+    pub occurred_at: DateTime<Utc>,
     /// The W3C trace context stored with the event, forwarded as message attributes.
     pub trace_parent: Option<String>,
     pub trace_state: Option<String>,
@@ -146,7 +148,7 @@ pub const CLAIM_TENANT: &str = "WITH candidates AS (
      WHERE o.tenant_id = $1 AND o.event_id = c.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
                o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
-               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs";
+               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs, o.occurred_at";
 
 /// Parks up to `$4` due events of tenant `$1` that have to wait for an earlier event of
 /// their order (see [`CLAIM_TENANT`]): until the latest `next_attempt_at` of the events

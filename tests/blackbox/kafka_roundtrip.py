@@ -9,8 +9,10 @@ over HTTP, cancels every fourth one and sends a `traceparent` with every tenth c
 then it consumes the topic from the beginning and checks every event of the run: the
 record key is the order id, the value the event, the headers its identity, each order's
 events in one partition and in commit order, none missing, and each record's key,
-headers and value valid against its Kafka message in the AsyncAPI document. Exits 1 on
-any violation.
+headers and value valid against its Kafka message in the AsyncAPI document. Every
+record is also read as a CloudEvent by the official CloudEvents SDK (its Kafka binding,
+binary content mode), and each attribute is checked against the event. Exits 1 on any
+violation.
 """
 
 import json
@@ -19,10 +21,12 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
+from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 
 import confluent_kafka
 import jsonschema
+from cloudevents.kafka import KafkaMessage, from_binary
 import yaml
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -97,6 +101,8 @@ def consume(brokers, topic, want, seconds=180):
             "key": message.key().decode(),
             "value": value,
             "headers": {k: v.decode() for k, v in (message.headers() or [])},
+            "as_received": KafkaMessage(headers=dict(message.headers() or []),
+                                        key=message.key(), value=message.value()),
         })
     consumer.close()
     return records
@@ -124,12 +130,38 @@ def asyncapi_problems(messages, key, record):
     return problems
 
 
+def cloudevent_problems(record):
+    """What the CloudEvents SDK reads differently from the event the record carries."""
+    value = record["value"]
+    try:
+        event = from_binary(record["as_received"], data_unmarshaller=json.loads)
+    except Exception as e:  # the SDK refused the record: that is the finding
+        return [f"not a CloudEvent: {e!r}"]
+    wanted = {
+        "specversion": "1.0",
+        "id": value["event_id"],
+        "source": f"/orderd/tenants/{value['tenant_id']}",
+        "type": value["event_type"],
+        "subject": value["order"]["id"],
+        "datacontenttype": "application/json",
+    }
+    problems = [f"CloudEvent {name} {event.get(name)!r}, wanted {want!r}"
+                for name, want in wanted.items() if event.get(name) != want]
+    sent = datetime.fromisoformat(value["occurred_at"])
+    if datetime.fromisoformat(event.get("time") or "1970-01-01T00:00:00Z") != sent:
+        problems.append(f"CloudEvent time {event.get('time')}, the event occurred at {sent}")
+    if event.data != value:
+        problems.append("CloudEvent data is not the event")
+    return problems
+
+
 def check(orders, records, document):
     problems = []
     by_key = defaultdict(list)
     against_asyncapi = asyncapi_checker(document)
     for r in sorted(records, key=lambda r: (r["partition"], r["offset"])):
         problems += against_asyncapi(r)
+        problems += cloudevent_problems(r)
         value, headers = r["value"], r["headers"]
         order_id = value["order"]["id"]
         if r["key"] != order_id:
@@ -179,6 +211,11 @@ def run(base, tokens_file, brokers, topic, asyncapi):
           f"{len(records)} records read back over {partitions} partitions by confluent-kafka "
           f"{confluent_kafka.version()} (librdkafka {confluent_kafka.libversion()[0]}), "
           f"{want} events expected, {duplicates} redelivered")
+    if records:
+        first = from_binary(records[0]["as_received"], data_unmarshaller=json.loads)
+        attributes = {k: v.decode() if isinstance(v, bytes) else v
+                      for k, v in first.get_attributes().items()}
+        print(f"  one record as the CloudEvents SDK reads it: {json.dumps(attributes)}")
     for problem in problems[:20]:
         print("  " + problem)
     return 1 if problems else 0

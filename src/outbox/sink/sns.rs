@@ -391,6 +391,7 @@ mod tests {
             trace_parent: None,
             trace_state: None,
             schema_version: Some("1".into()),
+            occurred_at: chrono::Utc::now(),
         }
     }
 

@@ -102,18 +102,31 @@ async fn an_order_reaches_kafka_keyed_by_its_id_with_the_stored_event_and_its_he
     );
     assert!(records[0].offset < records[1].offset);
     // The value is the event exactly as the outbox stored it.
-    let stored: Vec<(Uuid, Value)> =
-        sqlx::query_as("SELECT event_id, payload FROM outbox_event ORDER BY aggregate_seq")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
-    for (record, (event_id, payload)) in records.iter().zip(&stored) {
+    let stored: Vec<(Uuid, Value, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT event_id, payload, occurred_at FROM outbox_event ORDER BY aggregate_seq",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    for (record, (event_id, payload, occurred_at)) in records.iter().zip(&stored) {
         assert_eq!(record.key, id);
         assert_eq!(&record.value, payload);
         assert_eq!(record.headers["event_id"], event_id.to_string());
         assert_eq!(record.headers["event_type"], record.value["event_type"]);
         assert_eq!(record.headers["tenant_id"], tenant.to_string());
         assert_eq!(record.headers["schema_version"], "1");
+        // The same event as a CloudEvent (binary content mode of the Kafka binding).
+        assert_eq!(record.headers["ce_specversion"], "1.0");
+        assert_eq!(record.headers["ce_id"], event_id.to_string());
+        assert_eq!(
+            record.headers["ce_source"],
+            format!("/orderd/tenants/{tenant}")
+        );
+        assert_eq!(record.headers["ce_type"], record.value["event_type"]);
+        assert_eq!(record.headers["ce_subject"], id);
+        assert_eq!(record.headers["content-type"], "application/json");
+        let time: chrono::DateTime<chrono::Utc> = record.headers["ce_time"].parse().unwrap();
+        assert_eq!(&time, occurred_at);
     }
     assert_eq!(records[0].value["event_type"], "OrderCreated");
     assert_eq!(records[0].value["order"], order);

@@ -392,11 +392,25 @@ fn build(config: &ClientConfig) -> anyhow::Result<FutureProducer> {
     })
 }
 
+/// The CloudEvents specification version the records follow.
+pub const CLOUDEVENTS_SPEC_VERSION: &str = "1.0";
+
 /// The record headers: the event's identity, its schema version and, when the write
-/// carried one, its W3C trace context.
+/// carried one, its W3C trace context, under orderd's own names; then the same event as
+/// a CloudEvent in the Kafka protocol binding's binary content mode (decision 143):
+/// `ce_specversion`, `ce_id` (the event id), `ce_source` (`/orderd/tenants/{tenant}`),
+/// `ce_type` (the stored event type, known to this release or not), `ce_time` (when
+/// the change happened, RFC 3339), `ce_subject` (the order id) and `content-type`. The
+/// record's value is the event JSON and its key the order id, as before, so consumers
+/// of either naming read the same record.
 fn headers(message: &Message) -> OwnedHeaders {
     let event_id = message.event_id.to_string();
     let tenant_id = message.tenant_id.to_string();
+    let source = format!("/orderd/tenants/{tenant_id}");
+    let time = message
+        .occurred_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let subject = message.aggregate_id.to_string();
     let fields = [
         ("event_id", Some(event_id.as_str())),
         ("event_type", Some(message.event_type.as_str())),
@@ -404,12 +418,19 @@ fn headers(message: &Message) -> OwnedHeaders {
         ("schema_version", message.schema_version.as_deref()),
         ("traceparent", message.trace_parent.as_deref()),
         ("tracestate", message.trace_state.as_deref()),
+        ("ce_specversion", Some(CLOUDEVENTS_SPEC_VERSION)),
+        ("ce_id", Some(event_id.as_str())),
+        ("ce_source", Some(source.as_str())),
+        ("ce_type", Some(message.event_type.as_str())),
+        ("ce_time", Some(time.as_str())),
+        ("ce_subject", Some(subject.as_str())),
+        ("content-type", Some("application/json")),
     ];
     fields
         .into_iter()
         .filter_map(|(key, value)| Some((key, value?)))
         .fold(
-            OwnedHeaders::new_with_capacity(6),
+            OwnedHeaders::new_with_capacity(13),
             |headers, (key, value)| {
                 headers.insert(Header {
                     key,
@@ -590,6 +611,7 @@ mod tests {
             trace_parent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
             trace_state: None,
             schema_version: Some("1".into()),
+            occurred_at: "2026-12-03T18:00:00.123456Z".parse().unwrap(),
         };
         use rdkafka::message::Headers;
         let headers = headers(&message);
@@ -601,8 +623,34 @@ mod tests {
                 "event_type",
                 "tenant_id",
                 "schema_version",
-                "traceparent"
+                "traceparent",
+                "ce_specversion",
+                "ce_id",
+                "ce_source",
+                "ce_type",
+                "ce_time",
+                "ce_subject",
+                "content-type"
             ]
+        );
+        let value = |name: &str| {
+            headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+        };
+        assert_eq!(
+            value("ce_source").as_deref(),
+            Some("/orderd/tenants/00000000-0000-0000-0000-000000000002")
+        );
+        assert_eq!(
+            value("ce_time").as_deref(),
+            Some("2026-12-03T18:00:00.123456Z")
+        );
+        assert_eq!(
+            value("ce_subject").as_deref(),
+            Some("00000000-0000-0000-0000-000000000003")
         );
         assert_eq!(
             headers.get(0).value,
