@@ -43,7 +43,7 @@ settings! {
         /// Whether `serve` applies pending migrations at start.
         migrate: bool = parse::switch [MIGRATE, "ORDERD_MIGRATE", Some("on"), Kind::Switch, "`serve` applies pending migrations at start"],
         /// Connections of the process's main pool.
-        pool_size: u32 = parse::number [DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own, and LISTEN and migrations one each"],
+        pool_size: u32 = parse::number [DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own plus one for its statistics check, and LISTEN and migrations one each"],
         /// The longest a statement may run (and a transaction stay idle).
         statement_timeout: Duration = parse::millis [DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle"],
     }
@@ -390,12 +390,14 @@ pub async fn connect_db(config: &DbConfig) -> anyhow::Result<Db> {
 }
 
 /// The in-process relay's own connections, one per round it runs at once
-/// (`ORDERD_OUTBOX_PARALLEL_ROUNDS`), apart from the API's pool: when requests hold
-/// every API connection (a burst, writes stalled on a lock), their queue for the pool
-/// would otherwise hold back the publishing of what other writers committed, and the
-/// API's load would show up as publish latency.
+/// (`ORDERD_OUTBOX_PARALLEL_ROUNDS`) and one for its statistics check (an `ANALYZE`
+/// holds it for a few hundred milliseconds, which no round should wait for), apart
+/// from the API's pool: when requests hold every API connection (a burst, writes
+/// stalled on a lock), their queue for the pool would otherwise hold back the
+/// publishing of what other writers committed, and the API's load would show up as
+/// publish latency.
 pub async fn connect_relay_db(config: &DbConfig, parallel_rounds: u32) -> anyhow::Result<Db> {
-    db_of_size(config, parallel_rounds).await
+    db_of_size(config, parallel_rounds + 1).await
 }
 
 /// A database of `size` connections: the one-shot commands need only a couple.

@@ -21,6 +21,10 @@ use crate::service::Reply;
 /// Header added to every replayed response.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
+/// Header on every answer stored for replay (a first answer and each replay of it):
+/// when the key is forgotten, as an HTTP date (decision 144).
+pub const KEY_EXPIRES_HEADER: &str = "Idempotency-Key-Expires";
+
 /// A reply as HTTP, described in the spec as `T`.
 pub struct Rendered<T> {
     response: Response,
@@ -28,7 +32,13 @@ pub struct Rendered<T> {
 }
 
 impl<T> From<Reply> for Rendered<T> {
-    fn from(Reply { response, replayed }: Reply) -> Self {
+    fn from(
+        Reply {
+            response,
+            replayed,
+            expires_at,
+        }: Reply,
+    ) -> Self {
         let mut builder = Response::builder().status(
             StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         );
@@ -40,6 +50,12 @@ impl<T> From<Reply> for Rendered<T> {
         }
         if replayed {
             builder = builder.header(REPLAYED_HEADER, "true");
+        }
+        if let Some(at) = expires_at {
+            builder = builder.header(
+                KEY_EXPIRES_HEADER,
+                at.format("%a, %d %b %Y %H:%M:%S GMT").to_string(),
+            );
         }
         Self {
             response: builder.body(response.body),
@@ -91,6 +107,13 @@ impl<T: ApiResponse> ApiResponse for Idempotent<T> {
                 required: false,
                 deprecated: false,
                 schema: bool::schema_ref(),
+            });
+            response.headers.push(MetaHeader {
+                name: KEY_EXPIRES_HEADER.to_string(),
+                description: Some("When the key is forgotten (an HTTP date): this answer is replayed to every retry with the same key and request until then; from then on the same key is a new request".into()),
+                required: true,
+                deprecated: false,
+                schema: String::schema_ref(),
             });
         }
         let mut problems = responses::problems(&[

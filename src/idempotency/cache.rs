@@ -29,6 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use chrono::{DateTime, Utc};
 use moka::{Expiry, sync::Cache};
 use uuid::Uuid;
 
@@ -64,6 +65,8 @@ impl Key {
 struct Entry {
     fingerprint: Fingerprint,
     response: StoredResponse,
+    /// When the database forgets the key (told to the client with every replay).
+    expires_at: DateTime<Utc>,
     /// On the monotonic clock: when the database's row expires, or a little before.
     valid_until: Instant,
 }
@@ -74,7 +77,7 @@ pub enum Lookup {
     /// Nothing known (or known and expired): ask the database.
     Miss,
     /// The same request completed before: its response.
-    Replay(StoredResponse),
+    Replay(StoredResponse, DateTime<Utc>),
     /// The key completed with another request: 422.
     Conflict,
 }
@@ -129,19 +132,21 @@ impl ReplayCache {
             return Lookup::Miss;
         }
         if entry.fingerprint == *fingerprint {
-            Lookup::Replay(entry.response.clone())
+            Lookup::Replay(entry.response.clone(), entry.expires_at)
         } else {
             Lookup::Conflict
         }
     }
 
-    /// Remembers a completed record: `remaining` is its lifetime as the database saw
-    /// it, `sent` the monotonic instant just before the statement that saw it was sent.
+    /// Remembers a completed record that expires at `expires_at`: `remaining` is its
+    /// lifetime as the database saw it, `sent` the monotonic instant just before the
+    /// statement that saw it was sent.
     pub fn remember(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
         response: &StoredResponse,
+        expires_at: DateTime<Utc>,
         sent: Instant,
         remaining: Duration,
     ) {
@@ -156,6 +161,7 @@ impl ReplayCache {
             Arc::new(Entry {
                 fingerprint,
                 response: response.clone(),
+                expires_at,
                 valid_until: sent + remaining,
             }),
         );
@@ -206,10 +212,14 @@ mod tests {
             &scope(1, KEY),
             A,
             &response(body),
+            EXPIRES,
             sent,
             Duration::from_secs(secs),
         );
     }
+
+    /// When the remembered records expire, as the database said.
+    const EXPIRES: DateTime<Utc> = DateTime::from_timestamp_nanos(1_800_000_000_000_000_000);
 
     const A: Fingerprint = Fingerprint([1; 32]);
     const B: Fingerprint = Fingerprint([2; 32]);
@@ -222,7 +232,7 @@ mod tests {
         remember(&cache, "{\"id\":1}", t0, 60);
         assert_eq!(
             cache.lookup(&scope(1, KEY), &A, t0),
-            Lookup::Replay(response("{\"id\":1}"))
+            Lookup::Replay(response("{\"id\":1}"), EXPIRES)
         );
         assert_eq!(cache.lookup(&scope(1, KEY), &B, t0), Lookup::Conflict);
     }
@@ -246,7 +256,7 @@ mod tests {
         let almost = t0 + Duration::from_millis(4_999);
         assert!(matches!(
             cache.lookup(&scope(1, KEY), &A, almost),
-            Lookup::Replay(_)
+            Lookup::Replay(..)
         ));
         assert_eq!(
             cache.lookup(&scope(1, KEY), &A, t0 + Duration::from_secs(5)),
@@ -259,6 +269,7 @@ mod tests {
             &scope(1, "key-zero-lifetime-0001"),
             A,
             &response("{}"),
+            EXPIRES,
             t0,
             Duration::ZERO,
         );
@@ -279,6 +290,7 @@ mod tests {
                 &scope(1, &key),
                 A,
                 &response(&body),
+                EXPIRES,
                 t0,
                 Duration::from_secs(60),
             );
@@ -295,6 +307,7 @@ mod tests {
             &scope(1, KEY),
             A,
             &response("{}"),
+            EXPIRES,
             t0,
             Duration::from_secs(60),
         );

@@ -109,6 +109,9 @@ pub struct Answer {
     pub response: StoredResponse,
     /// Whether this is the stored response of an earlier request.
     pub replayed: bool,
+    /// When the key is forgotten (from then on the same key is a new request); none
+    /// for an answer that is not stored (a read).
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl Answer {
@@ -140,8 +143,8 @@ enum Claim {
         /// The connection the claim committed on, when the caller asked to keep it.
         conn: Option<Conn>,
     },
-    /// Answer with a stored response.
-    Replay(StoredResponse),
+    /// Answer with a stored response, kept until the instant given.
+    Replay(StoredResponse, DateTime<Utc>),
 }
 
 impl Guard {
@@ -225,20 +228,21 @@ impl Guard {
     ) -> Result<(Answer, Outcome), GuardError<E>> {
         // A completed record never changes until it expires: a retry the cache knows
         // is answered (or refused) without touching the database.
-        let replayed = |response| {
+        let replayed = |response, expires_at| {
             let answer = Answer {
                 response,
                 replayed: true,
+                expires_at: Some(expires_at),
             };
             Ok((answer, Outcome::Replayed))
         };
         match self.cache.lookup(scope, fingerprint, Instant::now()) {
-            Lookup::Replay(response) => return replayed(response),
+            Lookup::Replay(response, expires_at) => return replayed(response, expires_at),
             Lookup::Conflict => return Err(GuardError::KeyReused),
             Lookup::Miss => {}
         }
         let (owner, outcome, at, conn) = match self.claim(scope, fingerprint).await? {
-            Claim::Replay(response) => return replayed(response),
+            Claim::Replay(response, expires_at) => return replayed(response, expires_at),
             Claim::Owned {
                 owner,
                 outcome,
@@ -260,11 +264,13 @@ impl Guard {
             at,
             sealer: &self.sealer,
         };
+        let expires_at = fence.expires_at();
         let response = execute(fence, conn).await?;
         release.disarm();
         let answer = Answer {
             response,
             replayed: false,
+            expires_at: Some(expires_at),
         };
         Ok((answer, outcome))
     }
@@ -339,9 +345,15 @@ impl Guard {
                         .open(scope, &response, sealed_with.as_deref(), seal_version)?
                         .into();
                     let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
-                    self.cache
-                        .remember(scope, *fingerprint, &response, sent, remaining);
-                    return Ok(Claim::Replay(response));
+                    self.cache.remember(
+                        scope,
+                        *fingerprint,
+                        &response,
+                        expires_at,
+                        sent,
+                        remaining,
+                    );
+                    return Ok(Claim::Replay(response, expires_at));
                 }
                 Step::Reject => return Err(GuardError::KeyReused),
                 Step::Reclaim => {

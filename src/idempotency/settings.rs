@@ -9,7 +9,7 @@ settings! {
     /// Settings of the idempotency guard.
     pub struct IdempotencyConfig {
         /// How long a completed key is remembered after completion.
-        ttl: Duration = parse::secs [IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after completion"],
+        ttl: Duration = parse::secs [IDEMPOTENCY_TTL_SECS, "ORDERD_IDEMPOTENCY_TTL_SECS", Some("86400"), range(1, 31_536_000), "how long a completed key is remembered after its request claimed it (each stored answer says until when: `Idempotency-Key-Expires`)"],
         /// How long a PROCESSING claim is owned before another request may take it over.
         lease: Duration = parse::secs [LEASE_SECS, "ORDERD_LEASE_SECS", Some("30"), range(1, 3600), "how long a PROCESSING claim is owned before another request may take it over"],
         /// How long a duplicate of an in-flight request waits for it before answering 409.

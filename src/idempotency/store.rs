@@ -65,6 +65,15 @@ pub struct Fence<'a> {
     pub sealer: &'a Sealer,
 }
 
+impl Fence<'_> {
+    /// When the completed record is forgotten: its TTL after the claim, on the
+    /// database's clock. Stored by the completion and told to the client with the
+    /// answer, so both are the same instant.
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.at + chrono::TimeDelta::seconds(self.ttl_secs)
+    }
+}
+
 impl std::fmt::Debug for Fence<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fence")
@@ -194,7 +203,7 @@ impl<'a> Completion<'a> {
      SET state = 'COMPLETED', response_status = {status}, response_location = {location},
          response_content_type = {content_type}, response_body = {body}, response_key_id = {key_id},
          response_seal_version = {version}, resource_id = {resource}, completed_at = clock_timestamp(),
-         expires_at = clock_timestamp() + {ttl} * interval '1 second', lease_until = NULL
+         expires_at = {expires}, lease_until = NULL
      WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
        AND state = 'PROCESSING' AND owner_token = {owner}
        AND NOT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = {tenant})",
@@ -206,7 +215,7 @@ impl<'a> Completion<'a> {
             location = p(5),
             content_type = p(6),
             body = p(7),
-            ttl = p(8),
+            expires = p(8),
             key_id = p(9),
             resource = p(10),
             version = p(11),
@@ -226,7 +235,7 @@ impl<'a> Completion<'a> {
             .bind(&self.response.location)
             .bind(&self.response.content_type)
             .bind(self.body.bytes)
-            .bind(self.fence.ttl_secs)
+            .bind(self.fence.expires_at())
             .bind(self.body.key_id)
             .bind(self.response.resource)
             .bind(self.body.version)

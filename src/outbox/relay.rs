@@ -25,7 +25,7 @@ use super::{
     backoff::Backoff,
     event::TypeLabel,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
-    statistics::Statistics,
+    statistics,
     store::{self, Failure, PendingEvent},
 };
 use crate::{
@@ -73,8 +73,6 @@ pub struct Relay {
     /// there (`store::PENDING_TENANTS`). Held while a round reads its tenants, so that
     /// the relay's lanes take turns along the tenants instead of each walking the same.
     cursor: tokio::sync::Mutex<Uuid>,
-    /// The planner's statistics of the outbox, refreshed when a backlog outgrew them.
-    statistics: Statistics,
 }
 
 impl Relay {
@@ -99,7 +97,6 @@ impl Relay {
             listen: true,
             failed_rounds: AtomicU32::new(0),
             cursor: tokio::sync::Mutex::new(Uuid::nil()),
-            statistics: Statistics::default(),
         }
     }
 
@@ -128,6 +125,12 @@ impl Relay {
             .clone()
             .watch(shutdown.clone())
             .map(tokio::spawn);
+        // Beside the lanes, not in them: a lane that waited for it would start its
+        // next round in step with the other lane's.
+        let statistics = self
+            .config
+            .analyze
+            .then(|| tokio::spawn(statistics::keep_current(self.db.clone(), shutdown.clone())));
         tracing::info!(
             batch = self.config.batch_size,
             parallel_rounds = self.config.parallel_rounds,
@@ -144,6 +147,9 @@ impl Relay {
         }
         if let Some(watch) = watch {
             let _ = watch.await;
+        }
+        if let Some(statistics) = statistics {
+            let _ = statistics.await;
         }
         tracing::info!("outbox relay stopped");
     }
@@ -213,9 +219,6 @@ impl Relay {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
         let batch_size = i64::from(self.config.batch_size);
-        if self.config.analyze {
-            self.statistics.keep_current(&self.db).await;
-        }
         let claiming = Instant::now();
         let claimed = self
             .db

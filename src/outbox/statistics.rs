@@ -12,8 +12,8 @@
 //! it believes that is one row. Autovacuum analyses the table only after its naptime
 //! (a minute), and not at all where it is off.
 //!
-//! So the relay, at the start of a round and at most once a second, asks the
-//! database's own counters how many rows changed since the last `ANALYZE`, and
+//! So the relay, once a second beside its rounds, asks the database's own counters
+//! how many rows changed since the last `ANALYZE`, and
 //! analyses the table itself when that is more than half of what the last one
 //! counted, plus 10,000: a bulk import, a re-drive or a refusing sink, not the churn
 //! of a steady flow (which autovacuum's tenth catches in its own time). `SKIP_LOCKED`:
@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
 
@@ -42,45 +42,29 @@ pub const STALE: &str = "SELECT pg_stat_get_mod_since_analyze(c.oid) > 0.5 * gre
 /// target); a minute at most, whatever the statement timeout.
 pub const ANALYZE: &str = "ANALYZE (SKIP_LOCKED) outbox_event";
 
-/// How often a relay looks at the counters at most.
+/// How often a relay looks at the counters.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// When this relay last looked. Held while it looks and analyses, so that the relay's
-/// other lanes wait for fresh statistics instead of claiming with stale ones.
-#[derive(Debug)]
-pub struct Statistics {
-    checked: Mutex<Option<Instant>>,
-}
-
-impl Default for Statistics {
-    fn default() -> Self {
-        Self {
-            checked: Mutex::new(None),
+/// The relay's statistics job: looks at once, then every [`CHECK_EVERY`], until
+/// `shutdown`. It runs beside the lanes rather than in them: a lane that waited for
+/// it would start its next round in step with the other lane's, and their batches then
+/// went out together (a quiet tenant's event waited for a third batch). A failure is
+/// logged and the job goes on: stale statistics make rounds slow, never wrong.
+pub async fn keep_current(db: Db, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = analyze_if_stale(&db).await {
+            tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(CHECK_EVERY) => {}
+            _ = shutdown.cancelled() => return,
         }
     }
 }
 
-impl Statistics {
-    /// Analyses `outbox_event` when it changed a lot since its last `ANALYZE` (see the
-    /// module's documentation); whether it did. A failure is logged and the round goes
-    /// on: stale statistics make rounds slow, never wrong.
-    pub async fn keep_current(&self, db: &Db) -> bool {
-        let mut checked = self.checked.lock().await;
-        if checked.is_some_and(|at| at.elapsed() < CHECK_EVERY) {
-            return false;
-        }
-        *checked = Some(Instant::now());
-        match analyze_if_stale(db).await {
-            Ok(analysed) => analysed,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
-                false
-            }
-        }
-    }
-}
-
-async fn analyze_if_stale(db: &Db) -> sqlx::Result<bool> {
+/// Analyses `outbox_event` when it changed a lot since its last `ANALYZE` (see the
+/// module's documentation); whether it did.
+pub async fn analyze_if_stale(db: &Db) -> sqlx::Result<bool> {
     let stale: Option<bool> = db
         .run(async |sql| sql.query_scalar(STALE).fetch_optional(sql.conn()).await)
         .await?;

@@ -185,7 +185,10 @@ pub const PARK_WINDOW: i64 = 250;
 /// once more (consumers drop duplicates by `event_id`), and per-order order still holds,
 /// since an order's next event waits for the lost mark's event to be published again.
 /// Each order's next pending event, parked while it waited, is due again at `$4` (the
-/// round's database time). The next event is found per order, one probe of
+/// round's database time). `published_at` is that time too: the start of the round
+/// that published the event, read once (no volatile `clock_timestamp()` in the
+/// `UPDATE`, which a distributed PostgreSQL refuses), so published events sort by the
+/// round that claimed them, whichever lane marked first. The next event is found per order, one probe of
 /// `outbox_event_unpublished_by_order` each: asked for all of them at once, the planner
 /// read every pending row of the tenant (0.6 s a mark beside a backlog of a million),
 /// and the marked rows are joined on the key from `unnest` for the same reason: given
@@ -194,7 +197,7 @@ pub const PARK_WINDOW: i64 = 250;
 /// the status test is one it cannot match to a partial index (`IS TRUE`).
 pub const MARK_PUBLISHED: &str = "WITH marked AS (
          UPDATE outbox_event o
-         SET status = 'PUBLISHED', published_at = clock_timestamp(), last_error = NULL
+         SET status = 'PUBLISHED', published_at = $4, last_error = NULL
          FROM unnest($2::uuid[]) AS p(event_id),
               (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
          WHERE o.tenant_id = $1 AND o.event_id = p.event_id AND (o.status = 'PENDING') IS TRUE

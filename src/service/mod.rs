@@ -123,6 +123,7 @@ fn fresh(response: StoredResponse) -> Reply {
     Answer {
         response,
         replayed: false,
+        expires_at: None,
     }
 }
 

@@ -28,7 +28,7 @@ use rmcp::transport::streamable_http_server::{
 use serde_json::json;
 use tower_service::Service;
 
-pub use self::tools::OrderTools;
+pub use self::tools::{KEY_EXPIRES_META, OrderTools};
 use super::{
     Shared,
     limits::TenantLimiter,

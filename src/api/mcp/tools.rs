@@ -36,6 +36,10 @@ use crate::{
     telemetry,
 };
 
+/// The `_meta` key of a create's or a cancel's result that says when its `requestId`
+/// is forgotten (RFC 3339): the same instant as REST's `Idempotency-Key-Expires`.
+pub const KEY_EXPIRES_META: &str = "orderd/idempotencyKeyExpires";
+
 /// The pattern of `requestId`: an Idempotency-Key without the quoted form.
 const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9_-]{16,128}$";
 
@@ -220,8 +224,23 @@ impl OrderTools {
 
 /// A reply as a tool result: a 2xx is its JSON as structured content with a line of
 /// text saying what happened; a stored refusal (a cancel's 404) is an error result
-/// carrying the problem the body holds.
+/// carrying the problem the body holds. A stored answer says in `_meta`, under
+/// [`KEY_EXPIRES_META`], when its `requestId` is forgotten.
 fn rendered(tool: Option<Tool>, reply: &Reply) -> CallToolResult {
+    let mut result = answered(tool, reply);
+    if let Some(at) = reply.expires_at {
+        let mut meta = JsonObject::new();
+        meta.insert(
+            KEY_EXPIRES_META.to_string(),
+            json!(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
+        );
+        result.meta = Some(rmcp::model::MetaObject(meta));
+    }
+    result
+}
+
+/// The result's content, by the stored status.
+fn answered(tool: Option<Tool>, reply: &Reply) -> CallToolResult {
     if !reply.is_success() {
         let mut result = CallToolResult::error(vec![ContentBlock::text(
             String::from_utf8_lossy(&reply.response.body).to_string(),

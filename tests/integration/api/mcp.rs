@@ -647,3 +647,49 @@ async fn a_tool_name_with_a_newline_cannot_start_a_log_line() {
         "no line starts with the client's text: {logs:#?}"
     );
 }
+
+/// The `_meta` instant of `result` under orderd's key-expiry key, if any.
+fn key_expires(result: &CallToolResult) -> Option<chrono::DateTime<chrono::Utc>> {
+    let meta = result.meta.as_ref()?;
+    let value = meta.0.get(orderd::api::mcp::KEY_EXPIRES_META)?;
+    Some(value.as_str()?.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_tool_result_tells_when_its_request_id_is_forgotten_as_rest_does() {
+    let app = spawn_app().await;
+    let token = app.token(Uuid::new_v4());
+    let client = connect(&app, &token).await;
+    let key = request_id();
+    let first = call(
+        &client,
+        "create_order",
+        json!({"requestId": key, "sku": "META-1", "quantity": 1}),
+    )
+    .await;
+    let at = key_expires(&first).expect("the first result says when its requestId expires");
+    let stored: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT expires_at FROM idempotency_record WHERE idem_key = $1")
+            .bind(&key)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(at, stored);
+    // The tool's replay, and REST's, say the same instant.
+    let again = call(
+        &client,
+        "create_order",
+        json!({"requestId": key, "sku": "META-1", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(key_expires(&again), Some(at));
+    let rest = app.create(&token, &key, &order_body("META-1", 1)).await;
+    assert_eq!(
+        rest.header("idempotency-key-expires"),
+        Some(at.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
+    );
+    // A read is not stored: no expiry.
+    let id = structured(&first)["id"].as_str().unwrap().to_string();
+    let read = call(&client, "get_order", json!({"id": id})).await;
+    assert_eq!(key_expires(&read), None);
+}

@@ -1,4 +1,5 @@
 mod concurrency;
+mod expiry;
 mod keys;
 mod replay_cache;
 mod sealed;
