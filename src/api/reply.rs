@@ -101,20 +101,20 @@ impl<T: ApiResponse> ApiResponse for Idempotent<T> {
     fn meta() -> MetaResponses {
         let mut meta = T::meta();
         for response in &mut meta.responses {
-            response.headers.push(MetaHeader {
-                name: REPLAYED_HEADER.to_string(),
-                description: Some("`true` when this is the stored response of an earlier request with the same key".into()),
-                required: false,
-                deprecated: false,
-                schema: bool::schema_ref(),
-            });
-            response.headers.push(MetaHeader {
-                name: KEY_EXPIRES_HEADER.to_string(),
-                description: Some("When the key is forgotten (an HTTP date): this answer is replayed to every retry with the same key and request until then; from then on the same key is a new request".into()),
-                required: true,
-                deprecated: false,
-                schema: String::schema_ref(),
-            });
+            response.headers.extend([
+                header(
+                    REPLAYED_HEADER,
+                    "`true` when this is the stored response of an earlier request with the same key",
+                    false,
+                    bool::schema_ref(),
+                ),
+                header(
+                    KEY_EXPIRES_HEADER,
+                    "When the key is forgotten (an HTTP date): this answer is replayed to every retry with the same key and request until then; from then on the same key is a new request",
+                    true,
+                    String::schema_ref(),
+                ),
+            ]);
         }
         let mut problems = responses::problems(&[
             (
@@ -139,5 +139,21 @@ impl<T: ApiResponse> ApiResponse for Idempotent<T> {
     fn register(registry: &mut Registry) {
         T::register(registry);
         responses::register(registry);
+    }
+}
+
+/// A response header as the OpenAPI document describes it.
+fn header(
+    name: &str,
+    description: &str,
+    required: bool,
+    schema: poem_openapi::registry::MetaSchemaRef,
+) -> MetaHeader {
+    MetaHeader {
+        name: name.to_string(),
+        description: Some(description.to_string()),
+        required,
+        deprecated: false,
+        schema,
     }
 }

@@ -31,13 +31,17 @@ async fn stored_expiry(app: &TestApp, key: &str) -> DateTime<Utc> {
     DateTime::from_timestamp(at.timestamp(), 0).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stored_answer_and_its_replays_tell_when_the_key_is_forgotten() {
+/// An app, a tenant with its token, and a fresh key with a create body for `sku`.
+async fn started(sku: &str) -> (TestApp, Uuid, String, String, serde_json::Value) {
     let app = spawn_app().await;
     let tenant = Uuid::new_v4();
     let token = app.token(tenant);
-    let key = new_key();
-    let body = order_body("EXP-1", 1);
+    (app, tenant, token, new_key(), order_body(sku, 1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_answer_and_its_replays_tell_when_the_key_is_forgotten() {
+    let (app, _, token, key, body) = started("EXP-1").await;
 
     let first = app.create(&token, &key, &body).await;
     assert_eq!(first.status, 201);
@@ -68,11 +72,7 @@ async fn a_stored_answer_and_its_replays_tell_when_the_key_is_forgotten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_that_are_not_stored_carry_no_expiry() {
-    let app = spawn_app().await;
-    let tenant = Uuid::new_v4();
-    let token = app.token(tenant);
-    let key = new_key();
-    let body = order_body("EXP-2", 1);
+    let (app, tenant, token, key, body) = started("EXP-2").await;
     assert_eq!(app.create(&token, &key, &body).await.status, 201);
 
     // 422: the key with another request.
