@@ -125,8 +125,15 @@ impl Relay {
             .clone()
             .watch(shutdown.clone())
             .map(tokio::spawn);
-        // Beside the lanes, not in them: a lane that waited for it would start its
-        // next round in step with the other lane's.
+        // Once before the first round (a backlog laid down while no relay ran would
+        // otherwise meet stale plans first), then beside the lanes, not in them: a
+        // lane that waited for it would start its next round in step with the other
+        // lane's.
+        if self.config.analyze
+            && let Err(e) = statistics::analyze_if_stale(&self.db).await
+        {
+            tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
+        }
         let statistics = self
             .config
             .analyze

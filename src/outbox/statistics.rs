@@ -26,12 +26,16 @@ use tokio_util::sync::CancellationToken;
 use crate::db::Db;
 
 /// Whether `outbox_event` changed by more than half of its rows (as the last `ANALYZE`
-/// counted them) plus 10,000 since it was last analysed, whether this session may
+/// counted them) plus 10,000 since it was last analysed, or grew to more than twice
+/// the pages it had then plus 10 MB (the size is current at once, where a session
+/// publishes its change counters only when it goes idle, up to ten seconds later),
+/// whether this session may
 /// analyse it (it owns the table or the database; otherwise PostgreSQL would only warn),
 /// and whether no one else holds the lock `ANALYZE` takes (autovacuum's long vacuum of
 /// a table that just drained holds it for seconds, and `SKIP_LOCKED` would then only
 /// warn, every second).
-pub const STALE: &str = "SELECT pg_stat_get_mod_since_analyze(c.oid) > 0.5 * greatest(c.reltuples, 0) + 10000
+pub const STALE: &str = "SELECT (pg_stat_get_mod_since_analyze(c.oid) > 0.5 * greatest(c.reltuples, 0) + 10000
+             OR pg_relation_size(c.oid) / current_setting('block_size')::bigint > 2 * c.relpages + 1280)
             AND (pg_has_role(c.relowner, 'USAGE')
                  OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE'))
             AND NOT EXISTS (SELECT 1 FROM pg_locks l
