@@ -52,10 +52,7 @@ impl<T> From<Reply> for Rendered<T> {
             builder = builder.header(REPLAYED_HEADER, "true");
         }
         if let Some(at) = expires_at {
-            builder = builder.header(
-                KEY_EXPIRES_HEADER,
-                at.format("%a, %d %b %Y %H:%M:%S GMT").to_string(),
-            );
+            builder = builder.header(KEY_EXPIRES_HEADER, httpdate::fmt_http_date(at.into()));
         }
         Self {
             response: builder.body(response.body),

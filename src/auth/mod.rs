@@ -121,8 +121,8 @@ impl Verifier {
     /// cannot be read, naming the variable. A JWKS is fetched later (see
     /// [`Verifier::jwks`]), so a provider that is down does not stop the process.
     pub fn new(config: &JwtConfig) -> Result<Self, ConfigError> {
-        let keys = if config.hs256_secret.is_some() {
-            let secrets = config.hs256_secrets();
+        let secrets = config.hs256_secrets();
+        let keys = if !secrets.is_empty() {
             if secrets.len() > 1 {
                 tracing::info!(
                     secrets = secrets.len(),

@@ -22,6 +22,20 @@ fn path(env: &Env<'_>, s: &Setting) -> Result<Option<PathBuf>, ConfigError> {
 }
 
 impl JwtConfig {
+    /// The shared secrets, in order: the one tokens are signed with first, then those
+    /// that still verify while a rotation is under way (see [`check_hs256_secrets`]).
+    pub fn hs256_secrets(&self) -> Vec<Secret> {
+        self.hs256_secret
+            .as_ref()
+            .map(|all| all.expose().split(',').map(Secret::new).collect())
+            .unwrap_or_default()
+    }
+
+    /// The secret `orderd token` signs with: the first one.
+    pub fn signing_secret(&self) -> Option<Secret> {
+        self.hs256_secrets().into_iter().next()
+    }
+
     /// The JWT settings alone: `orderd token` needs them without a database.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::read(&Env::new(&|name| std::env::var(name).ok()))
@@ -63,22 +77,6 @@ impl JwtConfig {
             }
         }
         Ok(())
-    }
-}
-
-impl JwtConfig {
-    /// The shared secrets, in order: the one tokens are signed with first, then those
-    /// that still verify while a rotation is under way (see [`check_hs256_secrets`]).
-    pub fn hs256_secrets(&self) -> Vec<Secret> {
-        self.hs256_secret
-            .as_ref()
-            .map(|all| all.expose().split(',').map(Secret::new).collect())
-            .unwrap_or_default()
-    }
-
-    /// The secret `orderd token` signs with: the first one.
-    pub fn signing_secret(&self) -> Option<Secret> {
-        self.hs256_secrets().into_iter().next()
     }
 }
 

@@ -129,10 +129,8 @@ impl Relay {
         // otherwise meet stale plans first), then beside the lanes, not in them: a
         // lane that waited for it would start its next round in step with the other
         // lane's.
-        if self.config.analyze
-            && let Err(e) = statistics::analyze_if_stale(&self.db).await
-        {
-            tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
+        if self.config.analyze {
+            statistics::check(&self.db).await;
         }
         let statistics = self
             .config

@@ -12,11 +12,12 @@
 //! it believes that is one row. Autovacuum analyses the table only after its naptime
 //! (a minute), and not at all where it is off.
 //!
-//! So the relay, once a second beside its rounds, asks the database's own counters
-//! how many rows changed since the last `ANALYZE`, and
-//! analyses the table itself when that is more than half of what the last one
-//! counted, plus 10,000: a bulk import, a re-drive or a refusing sink, not the churn
-//! of a steady flow (which autovacuum's tenth catches in its own time). `SKIP_LOCKED`:
+//! So the relay, before its first round and then once a second beside its rounds,
+//! asks the database how many rows changed since the last `ANALYZE` and how large the
+//! table is, and analyses the table itself when more than half of what the last one
+//! counted changed, plus 10,000, or the table more than doubled: a bulk import, a
+//! re-drive or a refusing sink, not the churn of a steady flow (which autovacuum's
+//! tenth catches in its own time). `SKIP_LOCKED`:
 //! when another relay or autovacuum is already analysing, this one does not wait.
 
 use std::time::{Duration, Instant};
@@ -49,20 +50,25 @@ pub const ANALYZE: &str = "ANALYZE (SKIP_LOCKED) outbox_event";
 /// How often a relay looks at the counters.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// The relay's statistics job: looks at once, then every [`CHECK_EVERY`], until
-/// `shutdown`. It runs beside the lanes rather than in them: a lane that waited for
-/// it would start its next round in step with the other lane's, and their batches then
-/// went out together (a quiet tenant's event waited for a third batch). A failure is
-/// logged and the job goes on: stale statistics make rounds slow, never wrong.
+/// The relay's statistics job, after the check the relay made before its first round:
+/// every [`CHECK_EVERY`] until `shutdown`. It runs beside the lanes rather than in
+/// them: a lane that waited for it would start its next round in step with the other
+/// lane's, and their batches then went out together.
 pub async fn keep_current(db: Db, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = analyze_if_stale(&db).await {
-            tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
-        }
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
+        check(&db).await;
+    }
+}
+
+/// [`analyze_if_stale`], a failure logged: stale statistics make rounds slow, never
+/// wrong, so the relay goes on.
+pub async fn check(db: &Db) {
+    if let Err(e) = analyze_if_stale(db).await {
+        tracing::warn!(error = %e, "could not bring the outbox's planner statistics up to date");
     }
 }
 
