@@ -7,10 +7,6 @@
 //! the database time at which the round that published it began, so "in between" counts
 //! the rounds that began after the commit and before the quiet event's own; a round
 //! already under way at the commit, whichever lane marks it first, is not one of them.
-//!
-//! The relay's own `ANALYZE` is off here ([`STALE`]): these tests are about the claim,
-//! which must be fair while the statistics are stale, and with it on they would not
-//! stay stale for long (`tests/integration/outbox/statistics.rs` tests that part).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -23,9 +19,6 @@ use crate::support::{
 
 /// Events a relay claims per round (`ORDERD_OUTBOX_BATCH_SIZE`'s default).
 const BATCH: i64 = 100;
-
-/// Every other setting at its default; the statistics left as the backlog found them.
-const STALE: &[(&str, &str)] = &[("ORDERD_OUTBOX_ANALYZE", "off")];
 
 /// Lays down `count` due events of `tenant`, one order each, due `due` (an SQL time).
 async fn backlog(db: &TestDb, tenant: Uuid, count: i64, due: &str) {
@@ -117,7 +110,7 @@ async fn a_quiet_tenant_goes_out_within_two_rounds_beside_a_backlog_of_60_000_wi
     backlog(&db, noisy, 60_000, "now()").await;
     // The default settings: two lanes, each with a round in flight when the event
     // commits; the next round to start carries it.
-    let app = spawn_publishing_app_on(db, &moto, &arn, STALE).await;
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
 
     let quiet = Uuid::new_v4();
     let committed = create_slowly(&app, quiet, 20).await;
@@ -143,7 +136,7 @@ async fn tenants_with_sequential_ids_are_all_visited_beside_the_lowest_ones_back
     for &q in &quiet {
         backlog(&db, q, 1, "now()").await;
     }
-    let app = spawn_publishing_app_on(db, &moto, &arn, STALE).await;
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
 
     published_of(&app.db, &quiet, 39).await;
     let before_last: i64 = sqlx::query_scalar(
@@ -189,7 +182,7 @@ async fn a_backlog_in_backoff_and_behind_dead_heads_neither_delays_others_nor_lo
     // Beside them, another tenant's due backlog that keeps every round full.
     let busy = Uuid::new_v4();
     backlog(&db, busy, 20_000, "now()").await;
-    let app = spawn_publishing_app_on(db, &moto, &arn, STALE).await;
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
 
     let quiet = Uuid::new_v4();
     let committed = create_slowly(&app, quiet, 20).await;
