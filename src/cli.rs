@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
 use crate::{
     api, app, app::Config, auth, auth::JwtConfig, db, idempotency, lifecycle, outbox, reconcile,
-    retention, telemetry, tenant::TenantId,
+    retention, service, telemetry, tenant::TenantId,
 };
 
 #[derive(Debug, Parser)]
@@ -73,6 +73,75 @@ pub enum Command {
         #[command(subcommand)]
         command: TenantCommand,
     },
+    /// One idempotency record, named by tenant, endpoint and key.
+    Idempotency {
+        #[command(subcommand)]
+        command: IdempotencyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IdempotencyCommand {
+    /// Print the record: state, times, stored status and resource, fingerprint, the key
+    /// its body is sealed under; never the body unless --body. Exits 1 when there is no
+    /// such record.
+    Show {
+        #[command(flatten)]
+        record: RecordName,
+        /// Print the stored body too (opened with ORDERD_RESPONSE_KEYS when sealed).
+        #[arg(long)]
+        body: bool,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete the record, so that the client's next retry runs afresh, and make every
+    /// process drop it from its replay cache. Refuses a live claim, and a stored
+    /// success unless --force. Logs who did it.
+    Forget {
+        #[command(flatten)]
+        record: RecordName,
+        /// Forget a stored success too (the next retry then creates anew).
+        #[arg(long)]
+        force: bool,
+        /// Who asks, logged with what was forgotten; default the operating-system user.
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+/// The primary key of an idempotency record, as an operator spells it.
+#[derive(Debug, Args)]
+pub struct RecordName {
+    #[arg(long)]
+    tenant: Uuid,
+    /// The operation, as stored: `POST /v1/orders` or `POST /v1/orders/{id}/cancel`.
+    #[arg(long)]
+    endpoint: String,
+    /// The Idempotency-Key as the client sent it (a UUID in any case, or quoted).
+    #[arg(long)]
+    key: String,
+}
+
+impl RecordName {
+    /// The record's scope, or a line saying what is wrong with the name.
+    fn scope(&self) -> anyhow::Result<idempotency::Scope> {
+        let endpoint = service::Endpoint::parse(&self.endpoint).ok_or_else(|| {
+            let known: Vec<_> = service::Endpoint::ALL.iter().map(|e| e.as_str()).collect();
+            anyhow::anyhow!(
+                "--endpoint `{}` is not an idempotent operation; one of: {}",
+                self.endpoint,
+                known.join(", ")
+            )
+        })?;
+        let key = idempotency::IdempotencyKey::parse(Some(&self.key))
+            .map_err(|e| anyhow::anyhow!("--key: {e}"))?;
+        Ok(idempotency::Scope {
+            tenant: TenantId(self.tenant),
+            endpoint: endpoint.as_str(),
+            key,
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,6 +225,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
             command: KeysCommand::Rewrap { batch, wait },
         } => rewrap(configured()?, batch, Duration::from_secs(wait)).await,
         Command::Tenant { command } => tenant_command(configured()?, command).await,
+        Command::Idempotency { command } => idempotency_command(configured()?, command).await,
         Command::Token {
             tenant,
             scope,
@@ -379,6 +449,120 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
         }
     }
     Ok(())
+}
+
+async fn idempotency_command(config: Config, command: IdempotencyCommand) -> anyhow::Result<()> {
+    use idempotency::{
+        operator::{self, Refused},
+        seal,
+    };
+    let db = db::db_of_size(&config.db, 1).await?;
+    match command {
+        IdempotencyCommand::Show { record, body, json } => {
+            let scope = record.scope()?;
+            let sealer = body.then(|| {
+                seal::Sealer::new(&config.idempotency.response_keys, seal::ClearRecords::Serve)
+            });
+            let shown = match operator::show(&db, &scope, sealer.as_ref()).await {
+                Err(Refused::Missing) => anyhow::bail!(
+                    "no idempotency record for tenant {}, `{}`, key `{}`",
+                    scope.tenant.0,
+                    scope.endpoint,
+                    scope.key.as_str()
+                ),
+                shown => shown?,
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&shown)?);
+            } else {
+                print!("{}", render(&shown));
+            }
+        }
+        IdempotencyCommand::Forget {
+            record,
+            force,
+            actor,
+        } => {
+            let scope = record.scope()?;
+            let actor = actor.unwrap_or_else(os_user);
+            match operator::forget(&db, &scope, force, &actor).await {
+                Ok(was) => println!(
+                    "forgot the {} record of tenant {}, `{}`, key `{}`{}: the next request with this key runs afresh in every process",
+                    was.state,
+                    scope.tenant.0,
+                    scope.endpoint,
+                    scope.key.as_str(),
+                    was.status
+                        .map(|s| format!(" (stored {s})"))
+                        .unwrap_or_default()
+                ),
+                Err(Refused::Missing) => anyhow::bail!(
+                    "no idempotency record for tenant {}, `{}`, key `{}`: nothing to forget",
+                    scope.tenant.0,
+                    scope.endpoint,
+                    scope.key.as_str()
+                ),
+                Err(e) => anyhow::bail!("not forgotten: {e}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A record as text, one `name: value` line each, the body (when shown) last.
+fn render(shown: &idempotency::operator::Shown) -> String {
+    let time = |at: Option<chrono::DateTime<chrono::Utc>>| {
+        at.map_or_else(
+            || "-".to_string(),
+            |at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        )
+    };
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+    let expires = match shown.expires_at {
+        Some(_) if shown.is_expired() => format!("{} (passed)", time(shown.expires_at)),
+        at => time(at),
+    };
+    let lease = match shown.lease_until {
+        Some(_) if shown.is_live_claim() => format!("{} (live)", time(shown.lease_until)),
+        Some(_) => format!("{} (passed)", time(shown.lease_until)),
+        None => "-".to_string(),
+    };
+    let sealed = match (&shown.sealed_with, shown.seal_version) {
+        (Some(key), Some(version)) => format!("key `{key}` (layout {version})"),
+        (Some(key), None) => format!("key `{key}`"),
+        (None, _) => "in clear".to_string(),
+    };
+    let mut out = String::new();
+    for (name, value) in [
+        ("tenant", shown.tenant_id.to_string()),
+        ("endpoint", shown.endpoint.clone()),
+        ("key", shown.key.clone()),
+        ("state", shown.state.clone()),
+        ("created", time(Some(shown.created_at))),
+        ("completed", time(shown.completed_at)),
+        ("expires", expires),
+        ("lease", lease),
+        ("status", or_dash(shown.status.map(|s| s.to_string()))),
+        (
+            "resource",
+            or_dash(shown.resource_id.map(|id| id.to_string())),
+        ),
+        ("location", or_dash(shown.location.clone())),
+        ("content type", or_dash(shown.content_type.clone())),
+        ("fingerprint", format!("sha256:{}", shown.fingerprint)),
+        ("sealed", sealed),
+        (
+            "body bytes",
+            or_dash(shown.body_bytes.map(|n| n.to_string())),
+        ),
+        ("read at", time(Some(shown.read_at))),
+    ] {
+        out.push_str(&format!("{name:<13} {value}\n"));
+    }
+    if let Some(body) = &shown.body {
+        out.push_str(&format!("\n{body}\n"));
+    }
+    out
 }
 
 /// The operating-system user running this command, for audit lines.

@@ -466,21 +466,25 @@ impl SessionLock {
 
 /// What a `LISTEN` heard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Heard {
-    /// A notification on the channel.
-    Notified,
-    /// The session was (re)established or lost: notifications in between may have been
-    /// missed, so whatever they would have said must be looked up.
-    MayHaveMissed,
+pub enum Heard<'a> {
+    /// A notification on the channel, with its payload.
+    Notified(&'a str),
+    /// The session was (re)established: notifications sent while it was not may have
+    /// been missed, so whatever they would have said must be looked up.
+    Listening,
+    /// The session was lost: until [`Heard::Listening`], nothing sent is heard.
+    Lost,
 }
 
 /// Keeps a `LISTEN` on `channel` (a session of its own, on `listen_on`) and calls
-/// `heard` for every notification, and with [`Heard::MayHaveMissed`] whenever the
-/// session is (re)established or lost; reconnects with a backoff until `shutdown`.
+/// `heard` for every notification, with [`Heard::Listening`] whenever the session is
+/// (re)established and with [`Heard::Lost`] when it is lost; reconnects with a backoff
+/// until `shutdown`. A lost session is replaced here rather than by sqlx's own silent
+/// reconnect, so that the caller always knows whether it is listening.
 pub async fn listen(
     listen_on: PgConnectOptions,
     channel: &str,
-    mut heard: impl FnMut(Heard),
+    mut heard: impl FnMut(Heard<'_>),
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut pause = Duration::from_millis(100);
@@ -497,19 +501,19 @@ pub async fn listen(
         match connected.await {
             Ok(mut listener) => {
                 pause = Duration::from_millis(100);
-                heard(Heard::MayHaveMissed);
+                heard(Heard::Listening);
                 loop {
                     tokio::select! {
                         received = listener.try_recv() => match received {
-                            Ok(Some(_)) => heard(Heard::Notified),
-                            // The connection was lost (sqlx reconnects on the next call).
+                            Ok(Some(notification)) => heard(Heard::Notified(notification.payload())),
                             Ok(None) => {
                                 tracing::warn!(channel, "listener connection lost; reconnecting");
-                                heard(Heard::MayHaveMissed);
+                                heard(Heard::Lost);
+                                break;
                             }
                             Err(e) => {
                                 tracing::warn!(channel, error = %e, "listener failed; retrying");
-                                heard(Heard::MayHaveMissed);
+                                heard(Heard::Lost);
                                 break;
                             }
                         },

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    db::{self, Db, Heard, Sql},
+    db::{self, Db, Sql},
     tenant::TenantId,
 };
 
@@ -100,13 +100,14 @@ pub async fn follow(
     changed: impl Fn() + Send + 'static,
     shutdown: CancellationToken,
 ) {
-    let (wake, mut woken) = tokio::sync::mpsc::channel::<Heard>(1);
+    let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
     let listening = tokio::spawn(db::listen(
         listen_on,
         CHANNEL,
-        move |heard| {
-            // Coalesced: one reload covers any number of notifications before it.
-            let _ = wake.try_send(heard);
+        move |_| {
+            // Whatever was heard (a change, or a session (re)established or lost): one
+            // reload covers any number of them before it.
+            let _ = wake.try_send(());
         },
         shutdown.clone(),
     ));

@@ -31,6 +31,7 @@ pub const RECONCILE_ORDERS: &str = "reconcile_orders_without_event";
 pub const RECONCILE_KEYS: &str = "reconcile_keys_without_order";
 pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
 pub const JOB_RUNS: &str = "background_job_runs_total";
+pub const REPLAY_CACHE_DROPS: &str = "idempotency_replay_cache_drops_total";
 
 /// A bounded set of label values with one spelling each, owned by the module whose
 /// concept it is (an endpoint, an outcome, an event type, a route). `ALL` lets the
@@ -227,6 +228,10 @@ fn describe() {
         JOB_RUNS,
         "Runs of the periodic background jobs, by job and outcome (ok, failed, or skipped while another process holds the job's lock)"
     );
+    describe_counter!(
+        REPLAY_CACHE_DROPS,
+        "What this process dropped from its replay cache on hearing that stored answers were forgotten: one key (`key`), or everything (`all`: a tenant's erasure, or the listening session established or lost)"
+    );
     describe_gauge!(
         RECONCILE_LAST_RUN,
         Unit::Seconds,
@@ -253,6 +258,9 @@ fn zero(known: &KnownLabels) {
     }
     for &route in &known.routes {
         counter!(RATE_LIMITED, "route" => route).absolute(0);
+    }
+    for what in REPLAY_CACHE_DROP_KINDS {
+        counter!(REPLAY_CACHE_DROPS, "what" => what).absolute(0);
     }
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
@@ -296,6 +304,15 @@ pub fn claim_duration(seconds: f64) {
 
 pub fn publish_failure(reason: impl Label) {
     counter!(OUTBOX_FAILURES, "reason" => reason.as_str()).increment(1);
+}
+
+/// The values of `idempotency_replay_cache_drops_total{what}`.
+const REPLAY_CACHE_DROP_KINDS: [&str; 2] = ["key", "all"];
+
+/// This process dropped one key (`all` false) or everything from its replay cache.
+pub fn replay_cache_dropped(all: bool) {
+    let what = REPLAY_CACHE_DROP_KINDS[usize::from(all)];
+    counter!(REPLAY_CACHE_DROPS, "what" => what).increment(1);
 }
 
 /// One run of a periodic background job (`job` is its fixed name; `outcome` is `ok`,

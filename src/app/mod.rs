@@ -19,7 +19,7 @@ use crate::{
     config::bind_address,
     db::{self, Db},
     erasure::{self, Erasures},
-    idempotency::Guard,
+    idempotency::{self, Guard},
     metrics,
     outbox::{
         self,
@@ -29,7 +29,7 @@ use crate::{
     },
     reconcile,
     retention::{self, Purges},
-    service::Service,
+    service::{self, Service},
     supervisor::{Every, First, Run, Schedule, Supervisor, shutdown_signal},
 };
 
@@ -145,6 +145,9 @@ impl Application {
     /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
     /// finish (up to a grace period) and stops the background jobs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+        // Before any job records a metric: what is recorded before the recorder is
+        // installed is lost.
+        metrics::install(&api::known_labels());
         // The tenants being erased, known before the first request; kept up to date by
         // a job below.
         let erasures = Arc::new(Erasures::default());
@@ -157,6 +160,16 @@ impl Application {
             erasures.clone(),
         );
         let supervisor = Supervisor::new();
+        {
+            // No answer is replayed from memory before this process hears forgettings.
+            let cache = guard.replay_cache().clone();
+            cache.suspend();
+            let endpoints = service::Endpoint::ALL.iter().map(|e| e.as_str()).collect();
+            let listen_on = db::direct_options(&self.config.db)?;
+            supervisor.spawn("forgotten idempotency keys", move |token| {
+                idempotency::operator::follow(cache, endpoints, listen_on, token)
+            });
+        }
         {
             let (db, listen_on) = (self.db.clone(), db::direct_options(&self.config.db)?);
             supervisor.spawn("tenant erasures", move |token| {

@@ -23,9 +23,21 @@
 //!   Idempotency-Key.
 //! - **Memory.** Bounded in bytes (`ORDERD_REPLAY_CACHE_BYTES`), weighing each entry
 //!   by what it holds; least recently used entries go first.
+//! - **An operator's forgetting.** A record deleted by `orderd idempotency forget` (or
+//!   by a tenant's erasure) must not be replayed from memory afterwards. Whoever
+//!   deletes notifies every process; each drops the key ([`ReplayCache::forget`]) or
+//!   everything ([`ReplayCache::clear`]). While a process cannot hear those
+//!   notifications (its listening session is down) its cache is suspended: it neither
+//!   answers nor keeps anything, and it starts empty once it hears again. A read that
+//!   was already under way when a key was forgotten would put the old answer back
+//!   after the forgetting: every forgetting moves an epoch on, and an entry made from
+//!   a read that began in an earlier epoch is not kept.
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    },
     time::{Duration, Instant},
 };
 
@@ -96,6 +108,24 @@ impl Expiry<Key, Arc<Entry>> for UntilRowExpires {
 #[derive(Clone)]
 pub struct ReplayCache {
     entries: Option<Cache<Key, Arc<Entry>>>,
+    freshness: Arc<Freshness>,
+}
+
+/// Whether what the cache holds can still be trusted (see the module's doc).
+#[derive(Debug)]
+struct Freshness {
+    /// Moved on by every forgetting: an entry is kept only when no forgetting happened
+    /// since the read it was made from began.
+    epoch: AtomicU64,
+    /// False while the process cannot hear forgettings.
+    live: AtomicBool,
+}
+
+/// When a read for the cache began: its monotonic instant and the cache's epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadStart {
+    sent: Instant,
+    epoch: u64,
 }
 
 impl ReplayCache {
@@ -115,7 +145,21 @@ impl ReplayCache {
                 .expire_after(UntilRowExpires)
                 .build()
         });
-        Self { entries }
+        Self {
+            entries,
+            freshness: Arc::new(Freshness {
+                epoch: AtomicU64::new(0),
+                live: AtomicBool::new(true),
+            }),
+        }
+    }
+
+    /// Call just before a statement whose answer may be remembered is sent.
+    pub fn read_starts(&self) -> ReadStart {
+        ReadStart {
+            sent: Instant::now(),
+            epoch: self.freshness.epoch.load(SeqCst),
+        }
     }
 
     /// What is known about `scope` for a request with `fingerprint`, at `now`.
@@ -123,6 +167,9 @@ impl ReplayCache {
         let Some(entries) = &self.entries else {
             return Lookup::Miss;
         };
+        if !self.freshness.live.load(SeqCst) {
+            return Lookup::Miss;
+        }
         let key = Key::of(scope);
         let Some(entry) = entries.get(&key) else {
             return Lookup::Miss;
@@ -139,42 +186,76 @@ impl ReplayCache {
     }
 
     /// Remembers a completed record that expires at `expires_at`: `remaining` is its
-    /// lifetime as the database saw it, `sent` the monotonic instant just before the
-    /// statement that saw it was sent.
+    /// lifetime as the database saw it, `read` when the statement that saw it was sent.
+    /// Nothing is kept when a key was forgotten since (or the cache is suspended).
     pub fn remember(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
         response: &StoredResponse,
         expires_at: DateTime<Utc>,
-        sent: Instant,
+        read: ReadStart,
         remaining: Duration,
     ) {
         let Some(entries) = &self.entries else {
             return;
         };
-        if remaining.is_zero() {
+        if remaining.is_zero() || !self.current(read) {
             return;
         }
+        let key = Key::of(scope);
         entries.insert(
-            Key::of(scope),
+            key.clone(),
             Arc::new(Entry {
                 fingerprint,
                 response: response.clone(),
                 expires_at,
-                valid_until: sent + remaining,
+                valid_until: read.sent + remaining,
             }),
         );
+        // A forgetting between the check above and the insert: it moved the epoch on
+        // before it invalidated, so either it saw this entry or this sees its epoch.
+        if !self.current(read) {
+            entries.invalidate(&key);
+        }
     }
 
-    /// Bytes held now, by the weigher's account (pending maintenance run first).
+    /// Whether no forgetting happened since `read` began, and the cache is live.
+    fn current(&self, read: ReadStart) -> bool {
+        self.freshness.live.load(SeqCst) && self.freshness.epoch.load(SeqCst) == read.epoch
+    }
+
+    /// Drops what is known of `scope`: its record was deleted.
+    pub fn forget(&self, scope: &Scope) {
+        self.freshness.epoch.fetch_add(1, SeqCst);
+        if let Some(entries) = &self.entries {
+            entries.invalidate(&Key::of(scope));
+        }
+    }
+
     /// Forgets every entry.
     pub fn clear(&self) {
+        self.freshness.epoch.fetch_add(1, SeqCst);
         if let Some(entries) = &self.entries {
             entries.invalidate_all();
         }
     }
 
+    /// Neither answers nor keeps anything until [`ReplayCache::resume`]: forgettings
+    /// cannot be heard meanwhile.
+    pub fn suspend(&self) {
+        self.freshness.live.store(false, SeqCst);
+        self.clear();
+    }
+
+    /// Starts again, empty: forgettings are heard again, and any made meanwhile are
+    /// covered by starting from nothing.
+    pub fn resume(&self) {
+        self.clear();
+        self.freshness.live.store(true, SeqCst);
+    }
+
+    /// Bytes held now, by the weigher's account (pending maintenance run first).
     pub fn weighted_size(&self) -> u64 {
         self.entries.as_ref().map_or(0, |entries| {
             entries.run_pending_tasks();
@@ -206,6 +287,14 @@ mod tests {
         }
     }
 
+    /// A read sent at `sent`, in the cache's current epoch.
+    fn read(cache: &ReplayCache, sent: Instant) -> ReadStart {
+        ReadStart {
+            sent,
+            ..cache.read_starts()
+        }
+    }
+
     /// Tenant 1's request `A` under `KEY` completed with `body`, alive `secs` from `sent`.
     fn remember(cache: &ReplayCache, body: &str, sent: Instant, secs: u64) {
         cache.remember(
@@ -213,7 +302,7 @@ mod tests {
             A,
             &response(body),
             EXPIRES,
-            sent,
+            read(cache, sent),
             Duration::from_secs(secs),
         );
     }
@@ -270,7 +359,7 @@ mod tests {
             A,
             &response("{}"),
             EXPIRES,
-            t0,
+            read(&cache, t0),
             Duration::ZERO,
         );
         assert_eq!(
@@ -291,7 +380,7 @@ mod tests {
                 A,
                 &response(&body),
                 EXPIRES,
-                t0,
+                read(&cache, t0),
                 Duration::from_secs(60),
             );
         }
@@ -308,9 +397,71 @@ mod tests {
             A,
             &response("{}"),
             EXPIRES,
-            t0,
+            read(&off, t0),
             Duration::from_secs(60),
         );
         assert_eq!(off.lookup(&scope(1, KEY), &A, t0), Lookup::Miss);
+    }
+
+    /// `KEY`'s entry from a read that began at `read`.
+    fn remember_read(cache: &ReplayCache, read: ReadStart) {
+        let lifetime = Duration::from_secs(60);
+        cache.remember(&scope(1, KEY), A, &response("{}"), EXPIRES, read, lifetime);
+    }
+
+    /// Whether `KEY` replays from the cache.
+    fn replays(cache: &ReplayCache) -> bool {
+        let now = Instant::now();
+        matches!(cache.lookup(&scope(1, KEY), &A, now), Lookup::Replay(..))
+    }
+
+    #[test]
+    fn a_forgotten_key_is_dropped_and_a_read_begun_before_is_not_kept() {
+        let cache = ReplayCache::new(1 << 20);
+        let t0 = Instant::now();
+        remember(&cache, "{}", t0, 60);
+        let other = scope(1, "key-other-0123456789");
+        let lifetime = Duration::from_secs(60);
+        cache.remember(
+            &other,
+            A,
+            &response("{}"),
+            EXPIRES,
+            read(&cache, t0),
+            lifetime,
+        );
+        cache.forget(&scope(1, KEY));
+        assert!(!replays(&cache));
+        // Only that key: the other one still replays.
+        assert!(matches!(cache.lookup(&other, &A, t0), Lookup::Replay(..)));
+
+        // A read that began before a forgetting puts nothing back afterwards.
+        let before = read(&cache, t0);
+        cache.forget(&scope(1, KEY));
+        remember_read(&cache, before);
+        assert!(!replays(&cache));
+        // One that begins after is kept.
+        remember_read(&cache, read(&cache, t0));
+        assert!(replays(&cache));
+    }
+
+    #[test]
+    fn a_suspended_cache_neither_answers_nor_keeps_and_resumes_empty() {
+        let cache = ReplayCache::new(1 << 20);
+        let t0 = Instant::now();
+        remember(&cache, "{}", t0, 60);
+        let begun = read(&cache, t0);
+        cache.suspend();
+        assert!(!replays(&cache));
+        remember_read(&cache, read(&cache, t0));
+        assert!(!replays(&cache), "nothing kept while suspended");
+
+        cache.resume();
+        assert!(!replays(&cache), "starts empty");
+        // A read from before the resumption is not kept either.
+        remember_read(&cache, begun);
+        assert!(!replays(&cache));
+        remember_read(&cache, read(&cache, t0));
+        assert!(replays(&cache));
     }
 }

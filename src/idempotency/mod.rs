@@ -14,6 +14,7 @@ pub mod cache;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
+pub mod operator;
 pub mod record;
 pub mod rewrap;
 pub mod seal;
@@ -169,6 +170,12 @@ impl Guard {
     /// none of its answers may be replayed from memory.
     pub fn forget_cached_replays(&self) {
         self.cache.clear();
+        metrics::replay_cache_dropped(true);
+    }
+
+    /// The replay cache, for what follows forgettings (see [`operator::follow`]).
+    pub fn replay_cache(&self) -> &ReplayCache {
+        &self.cache
     }
 
     /// Executes `operation` at most once for `scope` and answers every caller with the
@@ -291,7 +298,7 @@ impl Guard {
         let mut row_exists = false;
         loop {
             let owner = Uuid::new_v4();
-            let sent = Instant::now();
+            let read = self.cache.read_starts();
             let found = if row_exists {
                 self.db.run(async |c| store::read(c, scope).await).await?
             } else {
@@ -350,7 +357,7 @@ impl Guard {
                         *fingerprint,
                         &response,
                         expires_at,
-                        sent,
+                        read,
                         remaining,
                     );
                     return Ok(Claim::Replay(response, expires_at));

@@ -144,6 +144,23 @@ pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, exp
      FROM idempotency_record
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
 
+/// Everything an operator is shown of a record, by primary key, with the database
+/// clock; [`SHOW_FOR_UPDATE`] also locks it until the transaction ends.
+pub const SHOW: &str =
+    "SELECT state, fingerprint, created_at, completed_at, lease_until, expires_at,
+            response_status, response_location, response_content_type, response_body,
+            response_key_id, response_seal_version, resource_id, clock_timestamp() AS read_at
+     FROM idempotency_record
+     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
+
+/// [`SHOW`], locking the row: what a forgetting decides on stays so until it deletes.
+pub static SHOW_FOR_UPDATE: LazyLock<String> = LazyLock::new(|| format!("{SHOW}\n     FOR UPDATE"));
+
+/// Deletes one record by primary key (an operator's forgetting, decided on the row
+/// [`SHOW_FOR_UPDATE`] locked).
+pub const FORGET: &str =
+    "DELETE FROM idempotency_record WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
+
 /// Compare-and-set takeover of an expired lease from the owner seen.
 pub const TAKE_OVER: &str = "UPDATE idempotency_record
      SET owner_token = $4, lease_until = clock_timestamp() + $5 * interval '1 millisecond'

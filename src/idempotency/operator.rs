@@ -1,0 +1,414 @@
+//! What an operator does with one idempotency record: look it up (`orderd idempotency
+//! show`) and forget it (`orderd idempotency forget`), and how every process hears of
+//! a forgetting so that no replay cache keeps the answer.
+//!
+//! Forgetting is for the moment after a bug was fixed: the client's retry should run
+//! again instead of replaying the answer the bug produced. It deletes the record, so
+//! the next request with the key claims it afresh. What it refuses:
+//! - a live claim (PROCESSING, lease not yet passed): a request is executing under it,
+//!   and deleting the row would let a retry run beside it;
+//! - a stored success without `force`: the retry then makes a new order, which is what
+//!   the operator must mean.
+//!
+//! A claim whose lease has passed may be forgotten: its request may still be running
+//! late, but its fenced completion then matches no row and rolls back, as after a
+//! takeover. The decision is taken on the row locked by the same transaction that
+//! deletes it, so it cannot change between the two.
+//!
+//! The delete and a notification on [`CHANNEL`] commit together. Every `serve` process
+//! listens ([`follow`]): on the notification it drops the key from its replay cache;
+//! while its listening session is down its cache is suspended, and it starts empty when
+//! the session is back (see `cache`), so a notification it missed cannot leave the
+//! forgotten answer in memory.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    IdempotencyKey, Scope,
+    cache::ReplayCache,
+    record::StoredResponse,
+    seal::{SealError, Sealer},
+    store::{self, binding},
+};
+use crate::{
+    db::{self, Db, Heard, Sql},
+    metrics,
+    tenant::TenantId,
+};
+
+/// The channel a forgetting notifies, with the record's key as JSON ([`Forgotten`]).
+pub const CHANNEL: &str = "orderd_idempotency_forgotten";
+
+/// Tells every listening process that a record is gone, when the transaction commits.
+const NOTIFY: &str = "SELECT pg_notify('orderd_idempotency_forgotten', $1)";
+
+/// One record as an operator is shown it. The body is left out unless asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Shown {
+    pub tenant_id: Uuid,
+    pub endpoint: String,
+    pub key: String,
+    /// `PROCESSING` or `COMPLETED`.
+    pub state: String,
+    /// When the record was claimed (for a completed one, by the request that completed it).
+    pub created_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// When the key is forgotten by itself (completed records).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Until when the claim is owned (PROCESSING records).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The database's clock when the record was read: what the times are judged by.
+    pub read_at: DateTime<Utc>,
+    /// The stored HTTP status (completed records).
+    pub status: Option<u16>,
+    /// The resource the stored answer names (an order's id).
+    pub resource_id: Option<Uuid>,
+    pub location: Option<String>,
+    pub content_type: Option<String>,
+    /// SHA-256 of the canonical request, in hex.
+    pub fingerprint: String,
+    /// The key the stored body is sealed under; none: stored in clear.
+    pub sealed_with: Option<String>,
+    pub seal_version: Option<i16>,
+    /// Bytes of the stored body as stored (sealed or not).
+    pub body_bytes: Option<usize>,
+    /// The body, opened, only when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+}
+
+impl Shown {
+    /// A PROCESSING record whose lease has not passed: a request is executing under it.
+    pub fn is_live_claim(&self) -> bool {
+        self.state == "PROCESSING" && self.lease_until.is_some_and(|until| until > self.read_at)
+    }
+
+    /// A completed record past its retention: the next request with the key is new
+    /// anyway, and the purge will delete it.
+    pub fn is_expired(&self) -> bool {
+        self.expires_at.is_some_and(|at| at <= self.read_at)
+    }
+
+    /// A stored success: forgetting it makes the retry create anew.
+    pub fn is_success(&self) -> bool {
+        self.state == "COMPLETED" && self.status.is_some_and(|s| (200..300).contains(&s))
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ShowRow {
+    state: String,
+    fingerprint: Vec<u8>,
+    created_at: DateTime<Utc>,
+    completed_at: Option<DateTime<Utc>>,
+    lease_until: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    response_status: Option<i16>,
+    response_location: Option<String>,
+    response_content_type: Option<String>,
+    response_body: Option<Vec<u8>>,
+    response_key_id: Option<String>,
+    response_seal_version: Option<i16>,
+    resource_id: Option<Uuid>,
+    read_at: DateTime<Utc>,
+}
+
+/// Why a record was not shown or not forgotten.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("no idempotency record for this tenant, endpoint and key")]
+    Missing,
+    #[error(
+        "the record is a live claim: a request is executing under it until its lease passes at {lease_until} (database time); try again after that"
+    )]
+    LiveClaim { lease_until: DateTime<Utc> },
+    #[error(
+        "the record stores a success ({status}, resource {resource}): forgetting it makes the client's next retry create anew; pass --force if that is what you want"
+    )]
+    StoredSuccess { status: u16, resource: String },
+    #[error("the stored body cannot be opened: {0}")]
+    Sealed(#[from] SealError),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Reads `scope`'s record on `sql` (locking it when `lock`), with the body opened by
+/// `sealer` when one is given.
+async fn read(
+    sql: &mut Sql<'_>,
+    scope: &Scope,
+    lock: bool,
+    sealer: Option<&Sealer>,
+) -> Result<Shown, Refused> {
+    let statement = if lock {
+        store::SHOW_FOR_UPDATE.as_str()
+    } else {
+        store::SHOW
+    };
+    let row: Option<ShowRow> = sql
+        .query_as(statement)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint)
+        .bind(scope.key.as_str())
+        .fetch_optional(sql.conn())
+        .await?;
+    let row = row.ok_or(Refused::Missing)?;
+    let status = row.response_status.and_then(|s| u16::try_from(s).ok());
+    let body = match (sealer, &row.response_body, status) {
+        (Some(sealer), Some(stored), Some(status)) => {
+            let response = StoredResponse {
+                status,
+                location: row.response_location.clone(),
+                content_type: row.response_content_type.clone(),
+                body: bytes::Bytes::new(),
+                resource: row.resource_id,
+            };
+            let opened = sealer.open(
+                binding(scope, &response),
+                stored.clone(),
+                row.response_key_id.as_deref(),
+                row.response_seal_version,
+            )?;
+            Some(String::from_utf8_lossy(&opened).into_owned())
+        }
+        _ => None,
+    };
+    Ok(Shown {
+        tenant_id: scope.tenant.0,
+        endpoint: scope.endpoint.to_string(),
+        key: scope.key.as_str().to_string(),
+        state: row.state,
+        created_at: row.created_at,
+        completed_at: row.completed_at,
+        expires_at: row.expires_at,
+        lease_until: row.lease_until,
+        read_at: row.read_at,
+        status,
+        resource_id: row.resource_id,
+        location: row.response_location,
+        content_type: row.response_content_type,
+        fingerprint: hex::encode(row.fingerprint),
+        sealed_with: row.response_key_id,
+        seal_version: row.response_seal_version,
+        body_bytes: row.response_body.as_ref().map(Vec::len),
+        body,
+    })
+}
+
+/// `scope`'s record, its body opened by `sealer` when one is given.
+pub async fn show(db: &Db, scope: &Scope, sealer: Option<&Sealer>) -> Result<Shown, Refused> {
+    let mut conn = db.conn().await?;
+    let shown = read(&mut conn.sql(), scope, false, sealer).await?;
+    conn.done().await?;
+    Ok(shown)
+}
+
+/// Whether `record` may be forgotten (see the module's doc).
+pub fn may_forget(record: &Shown, force: bool) -> Result<(), Refused> {
+    if record.is_live_claim() {
+        return Err(Refused::LiveClaim {
+            lease_until: record.lease_until.unwrap_or(record.read_at),
+        });
+    }
+    if record.is_success() && !record.is_expired() && !force {
+        return Err(Refused::StoredSuccess {
+            status: record.status.unwrap_or_default(),
+            resource: record
+                .resource_id
+                .map_or_else(|| "none".to_string(), |id| id.to_string()),
+        });
+    }
+    Ok(())
+}
+
+/// What a notification on [`CHANNEL`] carries: the forgotten record's key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Forgotten {
+    pub tenant_id: Uuid,
+    pub endpoint: String,
+    pub idem_key: String,
+}
+
+/// Deletes `scope`'s record when [`may_forget`] allows it, and tells every process;
+/// returns the record as it was. `actor` is logged with what was forgotten (never
+/// the body).
+pub async fn forget(db: &Db, scope: &Scope, force: bool, actor: &str) -> Result<Shown, Refused> {
+    let mut tx = db.begin().await?;
+    let mut sql = tx.sql();
+    let record = read(&mut sql, scope, true, None).await?;
+    may_forget(&record, force)?;
+    sql.query(store::FORGET)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint)
+        .bind(scope.key.as_str())
+        .execute(sql.conn())
+        .await?;
+    let payload = serde_json::to_string(&Forgotten {
+        tenant_id: scope.tenant.0,
+        endpoint: scope.endpoint.to_string(),
+        idem_key: scope.key.as_str().to_string(),
+    })
+    .expect("a key serialises");
+    sql.query(NOTIFY).bind(payload).execute(sql.conn()).await?;
+    tx.commit().await?;
+    tracing::info!(
+        actor,
+        tenant = %scope.tenant.0,
+        endpoint = scope.endpoint,
+        key = scope.key.as_str(),
+        state = %record.state,
+        status = record.status.unwrap_or_default(),
+        resource = %record.resource_id.map(|id| id.to_string()).unwrap_or_default(),
+        forced = force,
+        "idempotency record forgotten"
+    );
+    Ok(record)
+}
+
+/// Keeps `cache` true to the database's forgettings until `shutdown`: drops a key when
+/// its record is forgotten, suspends the cache while the listening session is down and
+/// starts it empty when the session is back. `endpoints` are the operations' names,
+/// which a notification's endpoint must be one of (anything else empties the cache:
+/// a notification that cannot be read is not ignored).
+pub async fn follow(
+    cache: ReplayCache,
+    endpoints: Vec<&'static str>,
+    listen_on: PgConnectOptions,
+    shutdown: CancellationToken,
+) {
+    db::listen(
+        listen_on,
+        CHANNEL,
+        |heard| match heard {
+            Heard::Listening => {
+                cache.resume();
+                metrics::replay_cache_dropped(true);
+            }
+            Heard::Lost => {
+                cache.suspend();
+                metrics::replay_cache_dropped(true);
+            }
+            Heard::Notified(payload) => match scope_of(payload, &endpoints) {
+                Some(scope) => {
+                    cache.forget(&scope);
+                    metrics::replay_cache_dropped(false);
+                }
+                None => {
+                    tracing::warn!(
+                        "a forgetting's notification cannot be read; the replay cache is emptied"
+                    );
+                    cache.clear();
+                    metrics::replay_cache_dropped(true);
+                }
+            },
+        },
+        shutdown,
+    )
+    .await;
+}
+
+/// The record a notification names, when it names one of `endpoints`.
+fn scope_of(payload: &str, endpoints: &[&'static str]) -> Option<Scope> {
+    let forgotten: Forgotten = serde_json::from_str(payload).ok()?;
+    let endpoint = endpoints
+        .iter()
+        .copied()
+        .find(|e| *e == forgotten.endpoint)?;
+    Some(Scope {
+        tenant: TenantId(forgotten.tenant_id),
+        endpoint,
+        key: IdempotencyKey::parse(Some(&forgotten.idem_key)).ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: DateTime<Utc> = DateTime::from_timestamp_nanos(1_800_000_000_000_000_000);
+
+    fn record(state: &str, status: Option<u16>) -> Shown {
+        Shown {
+            tenant_id: Uuid::nil(),
+            endpoint: "POST /v1/orders".into(),
+            key: "key-0123456789abcdef".into(),
+            state: state.into(),
+            created_at: AT,
+            completed_at: None,
+            expires_at: status.map(|_| AT + chrono::TimeDelta::hours(24)),
+            lease_until: status
+                .is_none()
+                .then_some(AT + chrono::TimeDelta::seconds(30)),
+            read_at: AT,
+            status,
+            resource_id: None,
+            location: None,
+            content_type: None,
+            fingerprint: String::new(),
+            sealed_with: None,
+            seal_version: None,
+            body_bytes: None,
+            body: None,
+        }
+    }
+
+    #[test]
+    fn a_live_claim_is_never_forgotten_one_past_its_lease_is() {
+        let mut claim = record("PROCESSING", None);
+        assert!(matches!(
+            may_forget(&claim, true),
+            Err(Refused::LiveClaim { .. })
+        ));
+        claim.read_at = AT + chrono::TimeDelta::seconds(30);
+        assert!(may_forget(&claim, false).is_ok());
+    }
+
+    #[test]
+    fn a_stored_success_needs_force_a_stored_refusal_does_not() {
+        let success = record("COMPLETED", Some(201));
+        assert!(matches!(
+            may_forget(&success, false),
+            Err(Refused::StoredSuccess { status: 201, .. })
+        ));
+        assert!(may_forget(&success, true).is_ok());
+        assert!(may_forget(&record("COMPLETED", Some(404)), false).is_ok());
+        // Past its retention the key is new anyway: nothing to protect.
+        let mut expired = success;
+        expired.read_at = AT + chrono::TimeDelta::hours(25);
+        assert!(may_forget(&expired, false).is_ok());
+    }
+
+    #[test]
+    fn a_notification_names_a_known_endpoint_or_nothing() {
+        let endpoints = vec!["POST /v1/orders", "POST /v1/orders/{id}/cancel"];
+        let tenant = Uuid::new_v4();
+        let payload = |endpoint: &str, key: &str| {
+            serde_json::to_string(&Forgotten {
+                tenant_id: tenant,
+                endpoint: endpoint.into(),
+                idem_key: key.into(),
+            })
+            .unwrap()
+        };
+        let scope = scope_of(
+            &payload("POST /v1/orders/{id}/cancel", "key-0123456789abcdef"),
+            &endpoints,
+        )
+        .unwrap();
+        assert_eq!(
+            (scope.tenant.0, scope.endpoint, scope.key.as_str()),
+            (
+                tenant,
+                "POST /v1/orders/{id}/cancel",
+                "key-0123456789abcdef"
+            )
+        );
+        assert!(scope_of(&payload("DELETE /v1/x", "key-0123456789abcdef"), &endpoints).is_none());
+        assert!(scope_of(&payload("POST /v1/orders", "short"), &endpoints).is_none());
+        assert!(scope_of("not json", &endpoints).is_none());
+    }
+}
