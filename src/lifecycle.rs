@@ -277,28 +277,45 @@ async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
     Ok(left)
 }
 
+/// The transactions running now, as the server records them.
+const RUNNING_NOW: &str = "SELECT pg_current_snapshot()::text";
+
+/// How many of the transactions in snapshot `$1` are still running.
+const STILL_RUNNING: &str = "SELECT count(*) FROM pg_snapshot_xip($1::pg_snapshot) x
+     WHERE pg_xact_status(x) = 'in progress'";
+
+/// On a distributed database, the coordinator's time: the transactions that began
+/// before it are the ones to wait for.
+const CLUSTER_NOW: &str = "SELECT clock_timestamp()::text";
+
+/// How many distributed transactions that began before `$1` are still running on any
+/// node (Citus's own record of them; a worker's transaction is not in the
+/// coordinator's snapshot), this session's aside.
+const CLUSTER_STILL_RUNNING: &str = "SELECT count(*) FROM get_global_active_transactions()
+     WHERE transaction_number <> 0 AND transaction_stamp < $1::timestamptz
+       AND global_pid <> citus_backend_gpid()";
+
 /// Waits until every transaction that was running now has ended (the database's own
-/// record of them: `pg_current_snapshot()`), saying so every few seconds.
+/// record of them: `pg_current_snapshot()`, or Citus's distributed transactions),
+/// saying so every few seconds.
 async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
+    let (now, still_running) = if db.distributed() {
+        (CLUSTER_NOW, CLUSTER_STILL_RUNNING)
+    } else {
+        (RUNNING_NOW, STILL_RUNNING)
+    };
     let snapshot: String = db
-        .run(async |c| {
-            c.query_scalar("SELECT pg_current_snapshot()::text")
-                .fetch_one(c.conn())
-                .await
-        })
+        .run(async |c| c.query_scalar(now).fetch_one(c.conn()).await)
         .await?;
     let started = Instant::now();
     let mut said = Instant::now();
     loop {
         let running: i64 = db
             .run(async |c| {
-                c.query_scalar(
-                    "SELECT count(*) FROM pg_snapshot_xip($1::pg_snapshot) x
-                     WHERE pg_xact_status(x) = 'in progress'",
-                )
-                .bind(&snapshot)
-                .fetch_one(c.conn())
-                .await
+                c.query_scalar(still_running)
+                    .bind(&snapshot)
+                    .fetch_one(c.conn())
+                    .await
             })
             .await?;
         if running == 0 {

@@ -12,10 +12,7 @@
 //! implies) in any outbox status: PENDING and DEAD events exist, and have their own
 //! alerts.
 
-use std::{
-    sync::LazyLock,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -48,61 +45,112 @@ pub const KEPT_FINDINGS: usize = 100;
 pub const STATUS_EVENTS: &[(&str, &str)] =
     &[("CREATED", "OrderCreated"), ("CANCELLED", "OrderCancelled")];
 
-/// One page of orders changed within the window, after the keyset cursor, each with
-/// whether the event of its current state is missing. The event is looked up per
-/// order through a `LATERAL ... LIMIT 1`, which the planner cannot turn into a hash of
-/// the whole outbox (it did, for `NOT EXISTS`, on a small table).
-pub static ORDERS_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
-    let expected: String = STATUS_EVENTS
-        .iter()
-        .map(|(status, event)| format!(" WHEN '{status}' THEN '{event}'"))
-        .collect();
-    format!(
-        "
-    SELECT o.tenant_id, o.id, o.status, o.updated_at, e.found IS NULL AS missing
-      FROM (SELECT tenant_id, id, status, version, updated_at
-              FROM orders
-             WHERE updated_at > now() - make_interval(secs => $1)
-               AND (updated_at, tenant_id, id) > ($2, $3, $4)
-             ORDER BY updated_at, tenant_id, id
-             LIMIT $5) o
-      LEFT JOIN LATERAL (
-          SELECT true AS found FROM outbox_event e
-           WHERE e.tenant_id = o.tenant_id AND e.aggregate_id = o.id
-             AND e.aggregate_seq = o.version
-             AND e.event_type = CASE o.status{expected} END
-           LIMIT 1
-      ) e ON true
-     ORDER BY o.updated_at, o.tenant_id, o.id"
-    )
-});
+/// One page of orders changed within the window, after the keyset cursor, on the index
+/// of `updated_at`. The events of the page are then looked up by their key
+/// ([`EVENTS_OF_PAGE`]), not joined here: on a distributed database a join of a
+/// cross-shard page with another table is not something Citus runs, and on one server
+/// the lookup by key is what a per-order join did anyway.
+pub const ORDERS_PAGE_SQL: &str = "
+    SELECT tenant_id, id, status, version, updated_at
+      FROM orders
+     WHERE updated_at > now() - make_interval(secs => $1)
+       AND (updated_at, tenant_id, id) > ($2, $3, $4)
+     ORDER BY updated_at, tenant_id, id
+     LIMIT $5";
 
-/// One page of completed keys after the keyset cursor, each with whether its stored
-/// 2xx response names an order that does not exist: by `resource_id`, kept in clear
-/// beside a body that may be sealed, or, for a record written before that column,
-/// by the body's `id` (such a body was stored in clear). A sealed body is never read
-/// here. Walks the index the expiry purge uses; non-2xx answers name no order and are
-/// never findings.
-pub const KEYS_BATCH_SQL: &str = "
-    SELECT r.tenant_id, r.endpoint, r.idem_key, r.expires_at,
-           r.response_status BETWEEN 200 AND 299 AND o.found IS NULL AS missing
-      FROM (SELECT tenant_id, endpoint, idem_key, expires_at, response_status,
-                   CASE WHEN response_status NOT BETWEEN 200 AND 299 THEN NULL
-                        WHEN resource_id IS NOT NULL THEN resource_id::text
-                        WHEN response_key_id IS NULL
-                        THEN convert_from(response_body, 'UTF8')::jsonb ->> 'id' END AS order_id
-              FROM idempotency_record
-             WHERE state = 'COMPLETED'
-               AND (expires_at, tenant_id, endpoint, idem_key) > ($1, $2, $3, $4)
-             ORDER BY expires_at, tenant_id, endpoint, idem_key
-             LIMIT $5) r
-      LEFT JOIN LATERAL (
-          SELECT true AS found FROM orders o
-           WHERE o.tenant_id = r.tenant_id
-             AND o.id = CASE WHEN r.order_id ~ '^[0-9a-fA-F-]{36}$' THEN r.order_id::uuid END
-           LIMIT 1
-      ) o ON true
-     ORDER BY r.expires_at, r.tenant_id, r.endpoint, r.idem_key";
+/// Of the orders `($1, $2)` (tenant, order), the event each one's state `($3, $4)`
+/// (version, type) calls for, where it exists: one probe of the event key per order,
+/// through a `LATERAL ... LIMIT 1` the planner cannot turn into a hash of the whole
+/// outbox (it did, for a join or `NOT EXISTS`, where it believed the table small).
+pub const EVENTS_OF_PAGE: &str = "
+    SELECT e.tenant_id, e.aggregate_id, e.aggregate_seq, e.event_type
+      FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[]) AS w(tenant_id, id, version, event_type)
+     CROSS JOIN LATERAL (
+          SELECT e.tenant_id, e.aggregate_id, e.aggregate_seq, e.event_type FROM outbox_event e
+           WHERE e.tenant_id = w.tenant_id AND e.aggregate_id = w.id
+             AND e.aggregate_seq = w.version AND e.event_type = w.event_type
+           LIMIT 1) e";
+
+/// [`EVENTS_OF_PAGE`] on a distributed database, where Citus joins a list of keys with
+/// a distributed table only as an `IN` on the distribution column: every event of the
+/// page's orders (each shard probes the key for its own tenants).
+pub const EVENTS_OF_PAGE_DISTRIBUTED: &str = "
+    SELECT e.tenant_id, e.aggregate_id, e.aggregate_seq, e.event_type
+      FROM outbox_event e
+     WHERE (e.tenant_id, e.aggregate_id) IN (
+           SELECT w.tenant_id, w.id
+             FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[]) AS w(tenant_id, id, version, event_type))";
+
+/// One page of completed keys after the keyset cursor, with the order each stored 2xx
+/// response names: by `resource_id`, kept in clear beside a body that may be sealed,
+/// or, for a record written before that column, by the body's `id` (such a body was
+/// stored in clear). A sealed body is never read here. Walks the index the expiry
+/// purge uses; non-2xx answers name no order and are never findings. Whether the
+/// orders exist is then looked up by key ([`ORDERS_OF_PAGE`]).
+pub const KEYS_PAGE_SQL: &str = "
+    SELECT tenant_id, endpoint, idem_key, expires_at,
+           response_status BETWEEN 200 AND 299 AS success,
+           CASE WHEN response_status NOT BETWEEN 200 AND 299 THEN NULL
+                WHEN resource_id IS NOT NULL THEN resource_id::text
+                WHEN response_key_id IS NULL
+                THEN convert_from(response_body, 'UTF8')::jsonb ->> 'id' END AS order_id
+      FROM idempotency_record
+     WHERE state = 'COMPLETED'
+       AND (expires_at, tenant_id, endpoint, idem_key) > ($1, $2, $3, $4)
+     ORDER BY expires_at, tenant_id, endpoint, idem_key
+     LIMIT $5";
+
+/// Which of the orders `($1, $2)` (tenant, id) exist: one probe of the primary key each
+/// (see [`EVENTS_OF_PAGE`] for the shape).
+pub const ORDERS_OF_PAGE: &str = "
+    SELECT o.tenant_id, o.id
+      FROM unnest($1::uuid[], $2::uuid[]) AS w(tenant_id, id)
+     CROSS JOIN LATERAL (
+          SELECT o.tenant_id, o.id FROM orders o
+           WHERE o.tenant_id = w.tenant_id AND o.id = w.id LIMIT 1) o";
+
+/// [`ORDERS_OF_PAGE`] on a distributed database (see [`EVENTS_OF_PAGE_DISTRIBUTED`]).
+pub const ORDERS_OF_PAGE_DISTRIBUTED: &str = "
+    SELECT o.tenant_id, o.id
+      FROM orders o
+     WHERE (o.tenant_id, o.id) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))";
+
+/// An order of a page: tenant, id, status, version, last change.
+type PageOrder = (Uuid, Uuid, String, i32, DateTime<Utc>);
+
+/// A key of a page: tenant, endpoint, key, expiry, whether it stores a success, the
+/// order that success names.
+type PageKey = (Uuid, String, String, DateTime<Utc>, bool, Option<String>);
+
+/// The orders of `page` whose current state has no event, in page order.
+fn without_event<'p>(
+    page: &'p [PageOrder],
+    events: &[(Uuid, Uuid, i32, String)],
+) -> Vec<&'p PageOrder> {
+    let found: std::collections::HashSet<(Uuid, Uuid, i32, &str)> = events
+        .iter()
+        .map(|(t, a, seq, ty)| (*t, *a, *seq, ty.as_str()))
+        .collect();
+    page.iter()
+        .filter(|(tenant, id, status, version, _)| {
+            !found.contains(&(*tenant, *id, *version, expected_event(status)))
+        })
+        .collect()
+}
+
+/// The event type an order's status calls for (an unknown status calls for one no
+/// event has, so that it is a finding).
+fn expected_event(status: &str) -> &'static str {
+    STATUS_EVENTS
+        .iter()
+        .find(|(s, _)| *s == status)
+        .map_or("(an unknown status)", |(_, event)| event)
+}
+
+/// The order a stored success names, when it names one at all.
+fn named_order(order_id: &Option<String>) -> Option<Uuid> {
+    order_id.as_deref().and_then(|id| Uuid::parse_str(id).ok())
+}
 
 /// An order whose current state has no event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,10 +163,7 @@ pub struct OrderWithoutEvent {
 impl OrderWithoutEvent {
     /// The event type the order's status calls for.
     pub fn missing_event(&self) -> &'static str {
-        STATUS_EVENTS
-            .iter()
-            .find(|(status, _)| *status == self.status)
-            .map_or("(an unknown status)", |(_, event)| event)
+        expected_event(&self.status)
     }
 }
 
@@ -167,33 +212,50 @@ async fn check_orders(
     let mut cursor = (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil(), Uuid::nil());
     loop {
         let after = cursor;
-        let rows = db
+        let (rows, events) = db
             .run(async |sql| {
-                sql.query_as::<(Uuid, Uuid, String, DateTime<Utc>, bool)>(ORDERS_BATCH_SQL.as_str())
+                let page: Vec<PageOrder> = sql
+                    .query_as(ORDERS_PAGE_SQL)
                     .bind(window_secs)
                     .bind(after.0)
                     .bind(after.1)
                     .bind(after.2)
                     .bind(batch)
                     .fetch_all(sql.conn())
-                    .await
+                    .await?;
+                let tenants: Vec<Uuid> = page.iter().map(|o| o.0).collect();
+                let ids: Vec<Uuid> = page.iter().map(|o| o.1).collect();
+                let versions: Vec<i32> = page.iter().map(|o| o.3).collect();
+                let expected: Vec<&str> = page.iter().map(|o| expected_event(&o.2)).collect();
+                let statement = if sql.distributed() {
+                    EVENTS_OF_PAGE_DISTRIBUTED
+                } else {
+                    EVENTS_OF_PAGE
+                };
+                let events: Vec<(Uuid, Uuid, i32, String)> = sql
+                    .query_as(statement)
+                    .bind(tenants)
+                    .bind(ids)
+                    .bind(versions)
+                    .bind(expected)
+                    .fetch_all(sql.conn())
+                    .await?;
+                Ok((page, events))
             })
             .await?;
-        for (tenant_id, order_id, status, _, missing) in &rows {
-            report.orders_checked += 1;
-            if *missing {
-                report.orders_without_event += 1;
-                if report.orders.len() < KEPT_FINDINGS {
-                    report.orders.push(OrderWithoutEvent {
-                        tenant_id: *tenant_id,
-                        order_id: *order_id,
-                        status: status.clone(),
-                    });
-                }
+        report.orders_checked += rows.len() as u64;
+        for (tenant_id, order_id, status, ..) in without_event(&rows, &events) {
+            report.orders_without_event += 1;
+            if report.orders.len() < KEPT_FINDINGS {
+                report.orders.push(OrderWithoutEvent {
+                    tenant_id: *tenant_id,
+                    order_id: *order_id,
+                    status: status.clone(),
+                });
             }
         }
         match rows.last() {
-            Some((tenant, id, _, updated_at, _)) if rows.len() as i64 == batch => {
+            Some((tenant, id, _, _, updated_at)) if rows.len() as i64 == batch => {
                 cursor = (*updated_at, *tenant, *id);
             }
             _ => return Ok(()),
@@ -211,21 +273,42 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
     );
     loop {
         let after = cursor.clone();
-        let rows = db
+        let (rows, existing) = db
             .run(async |sql| {
-                sql.query_as::<(Uuid, String, String, DateTime<Utc>, bool)>(KEYS_BATCH_SQL)
+                let page: Vec<PageKey> = sql
+                    .query_as(KEYS_PAGE_SQL)
                     .bind(after.0)
                     .bind(after.1)
                     .bind(&after.2)
                     .bind(&after.3)
                     .bind(batch)
                     .fetch_all(sql.conn())
-                    .await
+                    .await?;
+                let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = page
+                    .iter()
+                    .filter_map(|k| named_order(&k.5).map(|id| (k.0, id)))
+                    .unzip();
+                let statement = if sql.distributed() {
+                    ORDERS_OF_PAGE_DISTRIBUTED
+                } else {
+                    ORDERS_OF_PAGE
+                };
+                let existing: Vec<(Uuid, Uuid)> = sql
+                    .query_as(statement)
+                    .bind(tenants)
+                    .bind(ids)
+                    .fetch_all(sql.conn())
+                    .await?;
+                Ok((page, existing))
             })
             .await?;
-        for (tenant_id, endpoint, idem_key, _, missing) in &rows {
+        let existing: std::collections::HashSet<(Uuid, Uuid)> = existing.into_iter().collect();
+        for (tenant_id, endpoint, idem_key, _, success, order_id) in &rows {
             report.keys_checked += 1;
-            if *missing {
+            // A success whose order cannot be found: not named, not an id, or gone.
+            let missing = *success
+                && named_order(order_id).is_none_or(|id| !existing.contains(&(*tenant_id, id)));
+            if missing {
                 report.keys_without_order += 1;
                 if report.keys.len() < KEPT_FINDINGS {
                     report.keys.push(KeyWithoutOrder {
@@ -237,7 +320,7 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
             }
         }
         match rows.last() {
-            Some((tenant, endpoint, key, expires_at, _)) if rows.len() as i64 == batch => {
+            Some((tenant, endpoint, key, expires_at, ..)) if rows.len() as i64 == batch => {
                 cursor = (*expires_at, *tenant, endpoint.clone(), key.clone());
             }
             _ => return Ok(()),

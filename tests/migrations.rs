@@ -62,6 +62,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261202000012_tenant_erasure.sql",
         "f15479ae9f57e60017bedfcce6fd70bf42f1098ba84bdf314ca7b0e99f53a40a",
     ),
+    (
+        "20261204000013_citus_distribution.sql",
+        "f830dd3d5977c5f95831db953ebea31c6db3acaa27e57c3b4d49cbe0ded1aece",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

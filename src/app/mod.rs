@@ -153,13 +153,23 @@ impl Application {
         let erasures = Arc::new(Erasures::default());
         erasures.reload(&self.db).await?;
         let guard = Guard::new(self.db.clone(), self.config.idempotency.clone());
+        let supervisor = Supervisor::new();
+        // A distributed outbox has no trigger to wake the relays: the writes do.
+        let waker = if self.db.distributed() {
+            let (waker, db) = (outbox::wake::Waker::on(), self.db.clone());
+            let sender = waker.clone();
+            supervisor.spawn("relay wake-ups", move |token| sender.send(db, token));
+            waker
+        } else {
+            outbox::wake::Waker::off()
+        };
         let service = Service::new(
             self.db.clone(),
             guard.clone(),
             self.config.http.max_in_flight,
             erasures.clone(),
-        );
-        let supervisor = Supervisor::new();
+        )
+        .waking(waker);
         {
             // No answer is replayed from memory before this process hears forgettings.
             let cache = guard.replay_cache().clone();

@@ -1,5 +1,9 @@
 //! SQL of the `idempotency_record` table. Every time comparison uses the database
-//! clock (`clock_timestamp()`), so leases and expiry mean the same on every replica.
+//! clock, so leases and expiry mean the same on every replica: `statement_timestamp()`
+//! in the statements that write (one statement's own start, the same as its
+//! transaction's here, and a value Citus can compute once: it refuses a volatile
+//! function such as `clock_timestamp()` in an `UPDATE` or a `RETURNING`), and
+//! `clock_timestamp()` in reads.
 //!
 //! Claim, takeover, reclaim and release commit asynchronously: each statement sets
 //! `synchronous_commit = off` for its own (implicit) transaction with
@@ -161,25 +165,26 @@ pub static SHOW_FOR_UPDATE: LazyLock<String> = LazyLock::new(|| format!("{SHOW}\
 pub const FORGET: &str =
     "DELETE FROM idempotency_record WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
 
-/// Compare-and-set takeover of an expired lease from the owner seen.
+/// Compare-and-set takeover of an expired lease from the owner seen; returns the new
+/// lease's end.
 pub const TAKE_OVER: &str = "UPDATE idempotency_record
-     SET owner_token = $4, lease_until = clock_timestamp() + $5 * interval '1 millisecond'
+     SET owner_token = $4, lease_until = statement_timestamp() + $5 * interval '1 millisecond'
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= clock_timestamp()
-     RETURNING clock_timestamp()";
+       AND state = 'PROCESSING' AND owner_token = $6 AND lease_until <= statement_timestamp()
+     RETURNING lease_until";
 
 /// A completed key past its retention becomes a fresh claim.
 pub const RECLAIM: &str = "UPDATE idempotency_record
      SET state = 'PROCESSING', fingerprint = $4, owner_token = $5,
-         lease_until = clock_timestamp() + $6 * interval '1 millisecond',
+         lease_until = statement_timestamp() + $6 * interval '1 millisecond',
          response_status = NULL, response_location = NULL, response_content_type = NULL,
          response_body = NULL, response_key_id = NULL, response_seal_version = NULL, resource_id = NULL,
-         completed_at = NULL, expires_at = NULL, created_at = clock_timestamp()
+         completed_at = NULL, expires_at = NULL, created_at = statement_timestamp()
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-       AND state = 'COMPLETED' AND expires_at <= clock_timestamp()
-     RETURNING clock_timestamp()";
+       AND state = 'COMPLETED' AND expires_at <= statement_timestamp()
+     RETURNING created_at";
 
 /// The fenced completion as a part of a statement: the record moves to COMPLETED with
 /// its response only while `fence`'s owner still owns it. It numbers its own
@@ -219,7 +224,7 @@ impl<'a> Completion<'a> {
             "UPDATE idempotency_record
      SET state = 'COMPLETED', response_status = {status}, response_location = {location},
          response_content_type = {content_type}, response_body = {body}, response_key_id = {key_id},
-         response_seal_version = {version}, resource_id = {resource}, completed_at = clock_timestamp(),
+         response_seal_version = {version}, resource_id = {resource}, completed_at = statement_timestamp(),
          expires_at = {expires}, lease_until = NULL
      WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
        AND state = 'PROCESSING' AND owner_token = {owner}
@@ -681,7 +686,10 @@ pub async fn take_over_expired_lease(
     new_owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sql.query_scalar(TAKE_OVER)
+    // The statement returns the new lease's end (Citus takes only immutable
+    // expressions in a `RETURNING`): the takeover's own time is that less the lease.
+    let lease_until: Option<DateTime<Utc>> = sql
+        .query_scalar(TAKE_OVER)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
@@ -689,7 +697,8 @@ pub async fn take_over_expired_lease(
         .bind(lease_ms)
         .bind(seen_owner)
         .fetch_optional(sql.conn())
-        .await
+        .await?;
+    Ok(lease_until.map(|until| until - chrono::TimeDelta::milliseconds(lease_ms)))
 }
 
 /// Re-claims a COMPLETED key past its retention as a fresh PROCESSING claim (possibly

@@ -110,7 +110,7 @@ pub async fn cancel(
     // The row lock taken here serialises concurrent changes of one order, which is
     // what makes `version` (and so event order) follow commit order.
     let cancelled: Option<Order> = sql.query_as(concat!(
-        "UPDATE orders SET status = 'CANCELLED', version = version + 1, updated_at = clock_timestamp()
+        "UPDATE orders SET status = 'CANCELLED', version = version + 1, updated_at = statement_timestamp()
          WHERE tenant_id = $1 AND id = $2 AND status = 'CREATED'
          RETURNING ", columns!(), ""
     ))

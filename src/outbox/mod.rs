@@ -9,12 +9,14 @@
 pub mod backoff;
 pub mod event;
 pub mod gauges;
+pub mod known;
 pub mod publisher;
 pub mod relay;
 pub mod settings;
 pub mod sink;
 pub mod statistics;
 pub mod store;
+pub mod wake;
 pub mod writer;
 
 pub use self::{event::EventType, publisher::FailureReason, settings::OutboxConfig};

@@ -24,18 +24,19 @@ use super::settings::OutboxConfig;
 use super::{
     backoff::Backoff,
     event::TypeLabel,
+    known::KnownTenants,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     statistics,
     store::{self, Failure, PendingEvent},
+    wake,
 };
 use crate::{
-    db::{Db, Sql},
+    db::{Db, Heard, Sql},
     metrics, telemetry,
     trace_context::TraceContext,
 };
 
-/// The NOTIFY channel the `outbox_event` insert trigger signals.
-pub const CHANNEL: &str = "outbox_event";
+pub use super::wake::CHANNEL;
 
 /// What one round did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -73,6 +74,9 @@ pub struct Relay {
     /// there (`store::PENDING_TENANTS`). Held while a round reads its tenants, so that
     /// the relay's lanes take turns along the tenants instead of each walking the same.
     cursor: tokio::sync::Mutex<Uuid>,
+    /// On a distributed database, the tenants with pending events as this relay heard
+    /// of them, in place of the walk (see `known`).
+    known: Arc<KnownTenants>,
 }
 
 impl Relay {
@@ -97,6 +101,7 @@ impl Relay {
             listen: true,
             failed_rounds: AtomicU32::new(0),
             cursor: tokio::sync::Mutex::new(Uuid::nil()),
+            known: Arc::new(KnownTenants::default()),
         }
     }
 
@@ -117,6 +122,7 @@ impl Relay {
             tokio::spawn(listen(
                 self.listen_on.clone(),
                 self.wake.clone(),
+                self.known.clone(),
                 shutdown.clone(),
             ))
         });
@@ -129,12 +135,14 @@ impl Relay {
         // otherwise meet stale plans first), then beside the lanes, not in them: a
         // lane that waited for it would start its next round in step with the other
         // lane's.
-        if self.config.analyze {
+        // On a distributed database the coordinator's table holds no rows (its
+        // statistics never change) and each worker's autovacuum analyses its shards, so
+        // there is nothing for the relay to keep current.
+        let analyze = self.config.analyze && !self.db.distributed();
+        if analyze {
             statistics::check(&self.db).await;
         }
-        let statistics = self
-            .config
-            .analyze
+        let statistics = analyze
             .then(|| tokio::spawn(statistics::keep_current(self.db.clone(), shutdown.clone())));
         tracing::info!(
             batch = self.config.batch_size,
@@ -228,16 +236,16 @@ impl Relay {
         let claimed = self
             .db
             .run(async |c| {
-                let start = {
-                    let mut cursor = self.cursor.lock().await;
-                    let start =
-                        store::pending_tenants(c, *cursor, store::FAIR_TENANTS_PER_CLAIM).await?;
-                    if let Some(last) = start.tenants.last() {
-                        *cursor = *last;
+                let (start, visit) = self.round_start(c).await?;
+                let (claimed, had_nothing) =
+                    claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
+                if let Some(visit) = visit {
+                    for (tenant, generation) in visit.tenants {
+                        if had_nothing.contains(&tenant) {
+                            self.known.had_nothing(tenant, generation);
+                        }
                     }
-                    start
-                };
-                let claimed = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
+                }
                 Ok::<_, sqlx::Error>((start.now, claimed))
             })
             .await;
@@ -316,7 +324,7 @@ impl Relay {
                     store::mark_published(c, *tenant, &ids, claim, now).await?;
                 }
                 for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
-                    store::mark_failed(c, tenant, &failures, claim).await?;
+                    store::mark_failed(c, tenant, &failures, claim, now).await?;
                 }
                 Ok::<_, sqlx::Error>(())
             })
@@ -346,6 +354,33 @@ impl Relay {
         round.dead = failures.iter().filter(|f| f.dead).count() + unreadable.len();
         round.not_sent = not_sent.len();
         Ok(round)
+    }
+
+    /// Which tenants a round visits, and the database's time it judges by: the walk
+    /// over the pending index from where the last round stopped, or, on a distributed
+    /// database, the known tenants from there (with the generations the round saw).
+    async fn round_start(
+        &self,
+        c: &mut Sql<'_>,
+    ) -> sqlx::Result<(store::RoundStart, Option<crate::outbox::known::Visit>)> {
+        let per_round = store::FAIR_TENANTS_PER_CLAIM;
+        if !c.distributed() {
+            let mut cursor = self.cursor.lock().await;
+            let start = store::pending_tenants(c, *cursor, per_round).await?;
+            if let Some(last) = start.tenants.last() {
+                *cursor = *last;
+            }
+            return Ok((start, None));
+        }
+        if self.known.look_due(self.config.poll) {
+            let looking = Instant::now();
+            let found = store::due_tenants(c).await?;
+            self.known.looked(looking, found.tenants);
+        }
+        let visit = self.known.visit(per_round as usize);
+        let now = store::round_time(c).await?;
+        let tenants = visit.tenants.iter().map(|(tenant, _)| *tenant).collect();
+        Ok((store::RoundStart { now, tenants }, Some(visit)))
     }
 
     /// Rows that cannot be read go DEAD alone, counted and logged, so that the rest of
@@ -392,16 +427,19 @@ impl Relay {
 /// few events), then what the shares left of the batch goes, in the walk's order, to the
 /// tenants that filled theirs and may have more (so a lone backlog still drains in full
 /// batches).
+///
+/// Also says which tenants had nothing to claim and nothing to park.
 async fn claim_fairly(
     sql: &mut Sql<'_>,
     start: &store::RoundStart,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
-) -> sqlx::Result<store::Claimed> {
+) -> sqlx::Result<(store::Claimed, Vec<Uuid>)> {
     let mut claimed = store::Claimed::default();
+    let mut had_nothing = Vec::new();
     if start.tenants.is_empty() {
-        return Ok(claimed);
+        return Ok((claimed, had_nothing));
     }
     let share = (batch / start.tenants.len() as i64).max(1);
     let mut more = Vec::new();
@@ -412,11 +450,15 @@ async fn claim_fairly(
             more.push(tenant);
         } else {
             // Short of its share: rows that must wait may stand in front of due ones.
-            claimed.parked += store::park_tenant(sql, tenant, start.now, lease_ms).await? as usize;
+            let parked = store::park_tenant(sql, tenant, start.now, lease_ms).await? as usize;
+            if parked == 0 && taken(&got) == 0 {
+                had_nothing.push(tenant);
+            }
+            claimed.parked += parked;
         }
         claimed.absorb(got);
         if taken(&claimed) >= batch {
-            return Ok(claimed);
+            return Ok((claimed, had_nothing));
         }
     }
     for tenant in more {
@@ -427,7 +469,7 @@ async fn claim_fairly(
         let got = store::claim_tenant(sql, tenant, start.now, left, lease_ms, claim).await?;
         claimed.absorb(got);
     }
-    Ok(claimed)
+    Ok((claimed, had_nothing))
 }
 
 /// `items` grouped by tenant, in the order tenants first appear: every statement that
@@ -488,8 +530,27 @@ pub fn claim_lease(publish_timeout: Duration) -> Duration {
     publish_timeout * 3 / 2 + Duration::from_secs(1)
 }
 
-/// Turns notifications on [`CHANNEL`] into wake-ups; a connection lost or regained
-/// wakes the relay too, since notifications in between may be lost.
-async fn listen(listen_on: PgConnectOptions, wake: Arc<Notify>, shutdown: CancellationToken) {
-    crate::db::listen(listen_on, CHANNEL, |_| wake.notify_one(), shutdown).await
+/// Turns notifications on [`CHANNEL`] into wake-ups, learning the tenants they name
+/// (the writers' notifications on a distributed database); a connection lost or
+/// regained wakes the relay too and has it look at the table, since notifications in
+/// between may be lost.
+async fn listen(
+    listen_on: PgConnectOptions,
+    wake: Arc<Notify>,
+    known: Arc<KnownTenants>,
+    shutdown: CancellationToken,
+) {
+    crate::db::listen(
+        listen_on,
+        CHANNEL,
+        |heard| {
+            match heard {
+                Heard::Notified(payload) => known.name(wake::tenants_of(payload)),
+                Heard::Listening | Heard::Lost => known.look_again(),
+            }
+            wake.notify_one();
+        },
+        shutdown,
+    )
+    .await
 }

@@ -6,6 +6,8 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while the bus answers.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
@@ -173,6 +175,43 @@ pub const PARK_TENANT: &str = "WITH scan AS (
      FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE o.tenant_id = $1 AND o.event_id = s.event_id AND s.waits_until IS NOT NULL";
 
+/// [`CLAIM_TENANT`] on a distributed database: the tenant as an equality, which is
+/// what routes a statement to the tenant's shard (Citus runs `FOR UPDATE` only on one
+/// shard, and does not see a range as one). The index that made the range necessary on
+/// one server, on `next_attempt_at` alone, does not exist on a distributed outbox (the
+/// migration that distributes drops it), so the shard's planner has no other way in
+/// than the tenant's range of `outbox_event_pending_by_tenant`.
+pub static CLAIM_TENANT_DISTRIBUTED: LazyLock<String> =
+    LazyLock::new(|| tenant_as_equality(CLAIM_TENANT));
+
+/// [`PARK_TENANT`] on a distributed database (see [`CLAIM_TENANT_DISTRIBUTED`]).
+pub static PARK_TENANT_DISTRIBUTED: LazyLock<String> =
+    LazyLock::new(|| tenant_as_equality(PARK_TENANT));
+
+/// `statement` with its tenant range (`>= $1 AND <= $1`) written as `= $1`.
+fn tenant_as_equality(statement: &str) -> String {
+    const RANGE: &str = "e.tenant_id >= $1 AND e.tenant_id <= $1";
+    assert!(
+        statement.contains(RANGE),
+        "the claim names its tenant as a range"
+    );
+    statement.replace(RANGE, "e.tenant_id = $1")
+}
+
+/// On a distributed database, the tenants with events due by the database's time, and
+/// that time: what a relay learns from the table when it cannot walk it (see
+/// `known`). Grouped on the distribution column, so each shard answers for itself; it
+/// reads every due row once, which is why it runs at a relay's poll and not in every
+/// round.
+pub const DUE_TENANTS: &str = "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS at)
+     SELECT (SELECT at FROM now) AS now,
+            array(SELECT tenant_id FROM outbox_event
+                  WHERE status = 'PENDING' AND next_attempt_at <= (SELECT at FROM now)
+                  GROUP BY tenant_id) AS tenants";
+
+/// The database's time, as a round that knows its tenants reads it.
+pub const ROUND_TIME: &str = "SELECT clock_timestamp()";
+
 /// How many tenants with pending events one round visits at most: each costs one probe
 /// of an index of pending rows and one claim, and each gets an equal share of the batch.
 pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
@@ -221,14 +260,16 @@ pub const MARK_PUBLISHED: &str = "WITH marked AS (
          RETURNING 1)
      SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM woken)";
 
-/// Records refused publishes of tenant `$1`.
+/// Records refused publishes of tenant `$1`, each due again at its own `retry_at`
+/// (the round's database time plus the event's backoff: a time computed from a row
+/// would be a `STABLE` call with a column, which Citus refuses in an `UPDATE`).
 pub const MARK_FAILED: &str = "UPDATE outbox_event o
      SET attempts = f.attempts,
          status = CASE WHEN f.dead THEN 'DEAD' ELSE 'PENDING' END,
-         next_attempt_at = clock_timestamp() + f.retry_ms * interval '1 millisecond',
+         next_attempt_at = f.retry_at,
          last_error = f.error
-     FROM unnest($2::uuid[], $3::int[], $4::bool[], $5::bigint[], $6::text[])
-          AS f(event_id, attempts, dead, retry_ms, error)
+     FROM unnest($2::uuid[], $3::int[], $4::bool[], $5::timestamptz[], $6::text[])
+          AS f(event_id, attempts, dead, retry_at, error)
      WHERE o.tenant_id = $1 AND o.event_id = f.event_id AND (o.status = 'PENDING') IS TRUE
        AND o.claimed_by = $7";
 
@@ -243,7 +284,7 @@ pub const SET_ASIDE: &str = "UPDATE outbox_event o
 /// Events of tenant `$1` whose call failed as a whole go back in line after `$4` ms,
 /// attempts untouched.
 pub const PUT_BACK: &str = "UPDATE outbox_event o
-     SET next_attempt_at = clock_timestamp() + $4 * interval '1 millisecond'
+     SET next_attempt_at = statement_timestamp() + $4 * interval '1 millisecond'
      FROM unnest($2::uuid[]) AS p(event_id)
      WHERE o.tenant_id = $1 AND o.event_id = p.event_id AND (o.status = 'PENDING') IS TRUE
        AND o.claimed_by = $3";
@@ -256,7 +297,7 @@ pub const STATS: &str = "SELECT (SELECT count(*) FROM outbox_event WHERE status 
             (SELECT count(*) FROM outbox_event WHERE status = 'DEAD')";
 
 pub const REDRIVE_ONE: &str = "UPDATE outbox_event
-     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+     SET status = 'PENDING', attempts = 0, next_attempt_at = statement_timestamp()
      WHERE status = 'DEAD' AND event_id = $1";
 
 /// The tenants with DEAD events (a plain read; [`REDRIVE_TENANT`] puts each back).
@@ -264,7 +305,7 @@ pub const DEAD_TENANTS: &str = "SELECT DISTINCT tenant_id FROM outbox_event WHER
 
 /// Puts every DEAD event of tenant `$1` back in line.
 pub const REDRIVE_TENANT: &str = "UPDATE outbox_event
-     SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp()
+     SET status = 'PENDING', attempts = 0, next_attempt_at = statement_timestamp()
      WHERE tenant_id = $1 AND status = 'DEAD'";
 
 /// The oldest `$2` events published more than `$1` seconds ago, grouped by tenant,
@@ -314,6 +355,18 @@ pub async fn pending_tenants(
     Ok(RoundStart { now, tenants })
 }
 
+/// The tenants with due events and the database's time (see [`DUE_TENANTS`]).
+pub async fn due_tenants(sql: &mut Sql<'_>) -> sqlx::Result<RoundStart> {
+    let (now, tenants): (DateTime<Utc>, Vec<Uuid>) =
+        sql.query_as(DUE_TENANTS).fetch_one(sql.conn()).await?;
+    Ok(RoundStart { now, tenants })
+}
+
+/// The database's time (see [`ROUND_TIME`]).
+pub async fn round_time(sql: &mut Sql<'_>) -> sqlx::Result<DateTime<Utc>> {
+    sql.query_scalar(ROUND_TIME).fetch_one(sql.conn()).await
+}
+
 /// Claims up to `batch` due events of `tenant` (see [`CLAIM_TENANT`]), leased for
 /// `lease_ms` from `now`. Each row is read on its own: one that cannot be read is
 /// returned as [`Unreadable`] and never fails its batch-mates.
@@ -325,8 +378,13 @@ pub async fn claim_tenant(
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claimed> {
+    let statement = if sql.distributed() {
+        CLAIM_TENANT_DISTRIBUTED.as_str()
+    } else {
+        CLAIM_TENANT
+    };
     let rows: Vec<PgRow> = sql
-        .query(CLAIM_TENANT)
+        .query(statement)
         .bind(tenant)
         .bind(now)
         .bind(batch)
@@ -352,8 +410,13 @@ pub async fn park_tenant(
     now: DateTime<Utc>,
     lease_ms: i64,
 ) -> sqlx::Result<u64> {
+    let statement = if sql.distributed() {
+        PARK_TENANT_DISTRIBUTED.as_str()
+    } else {
+        PARK_TENANT
+    };
     let done = sql
-        .query(PARK_TENANT)
+        .query(statement)
         .bind(tenant)
         .bind(now)
         .bind(lease_ms)
@@ -469,13 +532,15 @@ pub struct Failure {
     pub error: String,
 }
 
-/// Records `tenant`'s refused publishes: attempts, last error, next attempt time or
+/// Records `tenant`'s refused publishes: attempts, last error, next attempt time (`now`,
+/// the round's database time, plus the backoff) or
 /// DEAD, where `claim` still holds them.
 pub async fn mark_failed(
     sql: &mut Sql<'_>,
     tenant: Uuid,
     failures: &[&Failure],
     claim: Uuid,
+    now: DateTime<Utc>,
 ) -> sqlx::Result<u64> {
     if failures.is_empty() {
         return Ok(0);
@@ -483,7 +548,10 @@ pub async fn mark_failed(
     let ids: Vec<Uuid> = failures.iter().map(|f| f.event_id).collect();
     let attempts: Vec<i32> = failures.iter().map(|f| f.attempts).collect();
     let dead: Vec<bool> = failures.iter().map(|f| f.dead).collect();
-    let retry: Vec<i64> = failures.iter().map(|f| f.retry_in_ms).collect();
+    let retry: Vec<DateTime<Utc>> = failures
+        .iter()
+        .map(|f| now + chrono::TimeDelta::milliseconds(f.retry_in_ms))
+        .collect();
     let errors: Vec<String> = failures
         .iter()
         .map(|f| f.error.chars().take(2000).collect())
@@ -585,7 +653,7 @@ pub const ERASE_TENANT_BATCH: &str = "WITH gone AS (
          RETURNING status, claimed_by, next_attempt_at)
      SELECT count(*) AS deleted,
             least(max(next_attempt_at) FILTER (WHERE status = 'PENDING' AND claimed_by IS NOT NULL),
-                  clock_timestamp() + $3 * interval '1 millisecond') AS published_until
+                  statement_timestamp() + $3 * interval '1 millisecond') AS published_until
      FROM gone";
 
 /// How many events of tenant `$1` are left.

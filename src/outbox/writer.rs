@@ -44,8 +44,8 @@ impl<'a> EventRow<'a> {
             .collect::<Vec<_>>()
             .join(", ");
         let source = match only_if {
-            Some(cte) => format!("SELECT {values}, clock_timestamp() FROM {cte}"),
-            None => format!("VALUES ({values}, clock_timestamp())"),
+            Some(cte) => format!("SELECT {values}, statement_timestamp() FROM {cte}"),
+            None => format!("VALUES ({values}, statement_timestamp())"),
         };
         format!(
             "INSERT INTO outbox_event

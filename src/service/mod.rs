@@ -30,6 +30,7 @@ use crate::{
     idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
+    outbox::wake::Waker,
     telemetry,
     tenant::TenantId,
     trace_context::TraceContext,
@@ -176,6 +177,9 @@ pub struct Service {
     /// Tenants being erased: their writes are refused before anything else is looked
     /// up (see `crate::erasure`).
     erasures: Arc<Erasures>,
+    /// Tells the relays of committed events where no trigger does (a distributed
+    /// outbox; `outbox::wake`).
+    waker: Waker,
 }
 
 impl Service {
@@ -185,6 +189,20 @@ impl Service {
             guard,
             capacity: Arc::new(Semaphore::new(max_in_flight)),
             erasures,
+            waker: Waker::off(),
+        }
+    }
+
+    /// The same service, waking the relays through `waker` after each committed write.
+    pub fn waking(mut self, waker: Waker) -> Self {
+        self.waker = waker;
+        self
+    }
+
+    /// A write of `tenant` that this request executed has committed its event.
+    fn committed(&self, tenant: TenantId, answer: &Reply) {
+        if !answer.replayed && answer.is_success() {
+            self.waker.committed(tenant);
         }
     }
 
@@ -257,6 +275,7 @@ impl Service {
             })
             .instrument(decision_span())
             .await?;
+        self.committed(caller.tenant(), &answer);
         Ok(answer)
     }
 
@@ -302,6 +321,7 @@ impl Service {
             })
             .instrument(decision_span())
             .await?;
+        self.committed(tenant, &answer);
         Ok(answer)
     }
 

@@ -159,7 +159,7 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     assert!(after.contains("orders_tenant_newest"), "{after}");
 
     let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
-    let orders = plan(&db, &reconcile::ORDERS_BATCH_SQL, |q| {
+    let orders = plan(&db, reconcile::ORDERS_PAGE_SQL, |q| {
         q.bind(86_400f64)
             .bind(epoch)
             .bind(Uuid::nil())
@@ -171,11 +171,19 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
         orders.contains("Index Scan using orders_updated"),
         "{orders}"
     );
+    let page = (vec![Uuid::new_v4(); 100], vec![Uuid::new_v4(); 100]);
+    let events = plan(&db, reconcile::EVENTS_OF_PAGE, |q| {
+        q.bind(page.0.clone())
+            .bind(page.1.clone())
+            .bind(vec![1i32; 100])
+            .bind(vec!["OrderCreated"; 100])
+    })
+    .await;
     assert!(
-        orders.contains("outbox_event_tenant_id_aggregate_id_aggregate_seq_key"),
-        "{orders}"
+        events.contains("outbox_event_tenant_id_aggregate_id_aggregate_seq_key"),
+        "{events}"
     );
-    let keys = plan(&db, reconcile::KEYS_BATCH_SQL, |q| {
+    let keys = plan(&db, reconcile::KEYS_PAGE_SQL, |q| {
         q.bind(epoch)
             .bind(Uuid::nil())
             .bind("")
@@ -184,7 +192,11 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
     })
     .await;
     assert!(keys.contains("idempotency_record_expired"), "{keys}");
-    assert!(keys.contains("orders_pkey"), "{keys}");
+    let named = plan(&db, reconcile::ORDERS_OF_PAGE, |q| {
+        q.bind(page.0.clone()).bind(page.1.clone())
+    })
+    .await;
+    assert!(named.contains("orders_pkey"), "{named}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,3 +1,4 @@
+mod citus;
 mod crash;
 mod db_timeouts;
 mod indexes;

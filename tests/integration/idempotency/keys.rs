@@ -350,15 +350,10 @@ async fn a_create_statement_whose_fence_no_longer_holds_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unexpected_failure_releases_the_key_so_a_retry_succeeds() {
     let app = spawn_app().await;
-    // The database refuses the first order insert, as if it failed mid-request.
+    // The database refuses the order insert, as if it failed mid-request (a
+    // constraint rather than a trigger: a distributed table takes no trigger).
     sqlx::raw_sql(
-        "CREATE SEQUENCE fail_once;
-         CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-           IF nextval('fail_once') = 1 THEN RAISE EXCEPTION 'injected failure'; END IF;
-           RETURN NEW;
-         END $$;
-         CREATE TRIGGER fail_first BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION fail_first_insert();",
+        "ALTER TABLE orders ADD CONSTRAINT injected_failure CHECK (sku <> 'SKU-1') NOT VALID",
     )
     .execute(&app.db.pool)
     .await
@@ -367,6 +362,10 @@ async fn an_unexpected_failure_releases_the_key_so_a_retry_succeeds() {
     let key = new_key();
 
     let failed = app.create(&token, &key, &order_body("SKU-1", 1)).await;
+    sqlx::raw_sql("ALTER TABLE orders DROP CONSTRAINT injected_failure")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
     failed.assert_problem(500, "internal-error");
     assert!(
         !String::from_utf8_lossy(&failed.body).contains("injected"),
@@ -412,7 +411,7 @@ async fn a_key_past_its_retention_is_a_new_request() {
         201
     );
     sqlx::query(
-        "UPDATE idempotency_record SET expires_at = clock_timestamp() - interval '1 second'",
+        "UPDATE idempotency_record SET expires_at = statement_timestamp() - interval '1 second'",
     )
     .execute(&app.db.pool)
     .await

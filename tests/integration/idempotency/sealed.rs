@@ -109,11 +109,18 @@ async fn a_sealed_body_moved_to_another_record_answers_503_and_never_the_other_a
     assert_eq!(app.create(&token, &key_b, &body_b).await.status, 201);
 
     // Someone with write access to the table copies A's sealed answer over B's.
-    sqlx::query(
-        "UPDATE idempotency_record b SET response_body = a.response_body, response_key_id = a.response_key_id
-         FROM idempotency_record a WHERE a.idem_key = $1 AND b.idem_key = $2",
+    let (body, key_id): (Vec<u8>, Option<String>) = sqlx::query_as(
+        "SELECT response_body, response_key_id FROM idempotency_record WHERE idem_key = $1",
     )
     .bind(&key_a)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE idempotency_record SET response_body = $1, response_key_id = $2 WHERE idem_key = $3",
+    )
+    .bind(body)
+    .bind(key_id)
     .bind(&key_b)
     .execute(&app.db.pool)
     .await

@@ -347,9 +347,10 @@ async fn a_rewrap_beside_held_records_exits_0_only_once_it_sealed_them_too() {
     let held: Vec<&str> = written[..5].iter().map(|(k, ..)| k.as_str()).collect();
     let mut holder = db.pool.begin().await.unwrap();
     let locked: Vec<String> = sqlx::query_scalar(
-        "SELECT idem_key FROM idempotency_record WHERE idem_key = ANY($1) FOR UPDATE",
+        "SELECT idem_key FROM idempotency_record WHERE tenant_id = $2 AND idem_key = ANY($1) FOR UPDATE",
     )
     .bind(&held)
+    .bind(tenant)
     .fetch_all(&mut *holder)
     .await
     .unwrap();

@@ -4,8 +4,6 @@
 //! batch-mates are published. The rows are written by SQL, as another release or a
 //! broken hand would write them.
 
-use std::time::Duration;
-
 use uuid::Uuid;
 
 use crate::support::{
@@ -31,7 +29,7 @@ async fn start_relay(
 ) -> tokio::task::JoinHandle<()> {
     let config = settings(&app.db, &[]);
     let publisher = publisher(&moto_endpoint(), &topic.arn, &config).await;
-    let direct = orderd::db::Db::direct(app.db.url.parse().unwrap(), 2, Duration::from_secs(30));
+    let direct = app.db.direct_sized(2);
     let relay = orderd::outbox::relay::Relay::new(
         direct,
         app.db.session_options(),

@@ -60,7 +60,7 @@ async fn start_relay(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let config = settings(db, overrides);
-    let direct = orderd::db::Db::direct(db.url.parse().unwrap(), 3, Duration::from_secs(30));
+    let direct = db.direct_sized(3);
     let relay = orderd::outbox::relay::Relay::new(
         direct,
         db.session_options(),

@@ -3,8 +3,6 @@
 //! published say no event is pending, and the relay's statements then read every
 //! pending row. Read from the database's own counters, not from a clock.
 
-use std::time::Duration;
-
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -64,7 +62,7 @@ async fn relay(
     let topic = Topic::create(false).await;
     let config = settings(db, overrides);
     let relay = orderd::outbox::relay::Relay::new(
-        orderd::db::Db::direct(db.url.parse().unwrap(), 3, Duration::from_secs(30)),
+        db.direct_sized(3),
         db.session_options(),
         publisher(&moto_endpoint(), &topic.arn, &config).await,
         config.outbox.clone(),
@@ -110,7 +108,7 @@ async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_o
         .execute(&db.pool)
         .await
         .unwrap();
-    let direct = orderd::db::Db::direct(db.url.parse().unwrap(), 1, Duration::from_secs(30));
+    let direct = db.direct_sized(1);
     assert!(
         !orderd::outbox::statistics::analyze_if_stale(&direct)
             .await

@@ -1,5 +1,8 @@
 //! Per-test databases on the real PostgreSQL server: created fresh and migrated,
-//! dropped with the value.
+//! dropped with the value. With `ORDERD_TEST_CITUS_WORKERS` set (`.ci/test` does, for
+//! its run against a Citus cluster), the server is a Citus coordinator and each test
+//! database is made on the coordinator and every worker, with the extension and the
+//! workers registered, before orderd's migrations distribute its tables.
 
 use std::{str::FromStr, time::Duration};
 
@@ -17,6 +20,87 @@ pub fn admin_url() -> String {
         .expect("set ORDERD_TEST_DATABASE_URL or DATABASE_URL (run the suite with .ci/test)")
 }
 
+/// The workers of the Citus cluster whose coordinator is [`admin_url`], as admin URLs
+/// (comma-separated in `ORDERD_TEST_CITUS_WORKERS`); empty on plain PostgreSQL.
+pub fn citus_workers() -> Vec<String> {
+    std::env::var("ORDERD_TEST_CITUS_WORKERS")
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the suite runs against a Citus cluster.
+pub fn on_citus() -> bool {
+    !citus_workers().is_empty()
+}
+
+/// Shards per distributed table in a test database: few, so that a test's tenants
+/// still land on both workers while the per-shard work stays small.
+const CITUS_SHARDS: u32 = 4;
+
+/// Runs `sql` on the server behind `admin` (a statement that cannot run in a pool's
+/// transaction, such as `CREATE DATABASE`).
+async fn on_server(admin: &str, sql: String) {
+    let mut conn = PgConnection::connect(admin)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {admin}: {e}"));
+    conn.execute(sqlx::AssertSqlSafe(sql.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("`{sql}` on {admin}: {e}"));
+    conn.close().await.ok();
+}
+
+/// `name` on every node of the Citus cluster, ready for orderd's migrations: the
+/// extension everywhere, the coordinator knowing itself and its workers.
+async fn prepare_citus(coordinator: &str, name: &str) {
+    let nodes: Vec<String> = std::iter::once(coordinator.to_string())
+        .chain(citus_workers())
+        .collect();
+    futures::future::join_all(
+        nodes
+            .iter()
+            .map(|admin| on_server(admin, format!(r#"CREATE DATABASE "{name}""#))),
+    )
+    .await;
+    let databases: Vec<String> = nodes
+        .iter()
+        .map(|admin| url_with_database(admin, name))
+        .collect();
+    futures::future::join_all(
+        databases
+            .iter()
+            .map(|url| on_server(url, "CREATE EXTENSION citus".into())),
+    )
+    .await;
+    on_server(
+        coordinator,
+        format!(r#"ALTER DATABASE "{name}" SET citus.shard_count = {CITUS_SHARDS}"#),
+    )
+    .await;
+    let host_port = |url: &str| {
+        let options = PgConnectOptions::from_str(url).expect("a node URL parses");
+        (options.get_host().to_string(), options.get_port())
+    };
+    let (host, port) = host_port(coordinator);
+    let mut register = vec![format!(
+        "SELECT citus_set_coordinator_host('{host}', {port})"
+    )];
+    for worker in citus_workers() {
+        let (host, port) = host_port(&worker);
+        register.push(format!("SELECT citus_add_node('{host}', {port})"));
+    }
+    // Registering a node copies the roles to it, and two registrations at once collide
+    // on the worker's catalog ("tuple concurrently updated"): one at a time.
+    static REGISTERING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = REGISTERING.lock().await;
+    on_server(&url_with_database(coordinator, name), register.join("; ")).await;
+}
+
 /// A fresh, migrated database, dropped again when the value is dropped.
 pub struct TestDb {
     pub name: String,
@@ -25,6 +109,8 @@ pub struct TestDb {
     admin: String,
     /// Whether dropping this value drops the database (false for a second handle).
     owns: bool,
+    /// The Citus workers' admin URLs, where the database was made on them too.
+    workers: Vec<String>,
 }
 
 impl TestDb {
@@ -36,13 +122,16 @@ impl TestDb {
     pub async fn on(admin: &str) -> Self {
         let admin = admin.to_string();
         let name = format!("orderd_test_{}", Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(&admin)
-            .await
-            .expect("connect to the admin database");
-        conn.execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
-            .await
-            .expect("create test database");
-        conn.close().await.ok();
+        let workers = if admin == admin_url() {
+            citus_workers()
+        } else {
+            Vec::new()
+        };
+        if workers.is_empty() {
+            on_server(&admin, format!(r#"CREATE DATABASE "{name}""#)).await;
+        } else {
+            prepare_citus(&admin, &name).await;
+        }
         let options = PgConnectOptions::from_str(&admin)
             .expect("admin URL parses")
             .database(&name);
@@ -59,6 +148,7 @@ impl TestDb {
             pool,
             admin,
             owns: true,
+            workers,
         }
     }
 
@@ -76,6 +166,7 @@ impl TestDb {
             pool,
             admin: self.admin.clone(),
             owns: false,
+            workers: self.workers.clone(),
         }
     }
 }
@@ -99,7 +190,14 @@ fn url_with_database(admin: &str, name: &str) -> String {
 impl TestDb {
     /// The database as orderd's code takes it: directly, no pooler.
     pub fn direct(&self) -> orderd::db::Db {
-        orderd::db::Db::direct(self.url.parse().unwrap(), 8, Duration::from_secs(30))
+        self.direct_sized(8)
+    }
+
+    /// The same with `size` connections, knowing (as `orderd` finds at start) whether
+    /// its tables are distributed.
+    pub fn direct_sized(&self, size: u32) -> orderd::db::Db {
+        orderd::db::Db::direct(self.url.parse().unwrap(), size, Duration::from_secs(30))
+            .on_distributed(!self.workers.is_empty())
     }
 
     /// A session of its own on this database (what the relay's LISTEN needs).
@@ -191,7 +289,9 @@ impl Drop for TestDb {
         }
         let name = self.name.clone();
         let pool = self.pool.clone();
-        let admin = self.admin.clone();
+        let nodes: Vec<String> = std::iter::once(self.admin.clone())
+            .chain(self.workers.iter().cloned())
+            .collect();
         // Drop runs outside any async context we can rely on: use a private runtime.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -200,12 +300,14 @@ impl Drop for TestDb {
                 .unwrap();
             rt.block_on(async move {
                 pool.close().await;
-                if let Ok(mut conn) = PgConnection::connect(&admin).await {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
-                        )))
-                        .await;
+                for admin in nodes {
+                    if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                        let _ = conn
+                            .execute(sqlx::AssertSqlSafe(format!(
+                                r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
+                            )))
+                            .await;
+                    }
                 }
             });
         })

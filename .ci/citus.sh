@@ -1,0 +1,160 @@
+# A local Citus cluster for .ci/citus, .ci/test and .ci/serve --citus. Sourced after
+# lib.sh, not run.
+
+CITUS_DIR="${ORDERD_CITUS_DIR:-/var/tmp/orderd-citus}"
+CITUS_PORT="${ORDERD_CITUS_PORT:-55600}"
+CITUS_NODES=(coordinator worker1 worker2)
+
+# The port of node $1 (0 the coordinator, 1 and 2 the workers).
+citus_port() { printf '%s\n' "$((CITUS_PORT + $1))"; }
+
+# The URL of database $2 (default postgres) on node $1 (default the coordinator).
+citus_url() { printf 'postgres://postgres@127.0.0.1:%s/%s\n' "$(citus_port "${1:-0}")" "${2:-postgres}"; }
+
+# Citus in the PostgreSQL whose server binaries are installed: the installation's own
+# (Citus's packages), or built once from ORDERD_CITUS_SOURCE and installed into it.
+ensure_citus_installed() {
+    local bindir pg_config
+    bindir="$(pg_bindir || true)"
+    if [ -z "$bindir" ]; then
+        apt_install postgresql
+        bindir="$(pg_bindir)"
+    fi
+    pg_config="$bindir/pg_config"
+    [ -x "$pg_config" ] || pg_config="$(command -v pg_config)"
+    if [ -f "$("$pg_config" --pkglibdir)/citus.so" ]; then
+        return
+    fi
+    local source="${ORDERD_CITUS_SOURCE:-$ORDERD_ROOT/../shared/vendor/citus-13.2.2.tar.gz}"
+    local patch="${ORDERD_CITUS_PATCH:-${source%.tar.gz}-pg15.patch}"
+    [ -f "$source" ] || { log "no Citus installed and no source at $source (set ORDERD_CITUS_SOURCE)"; return 1; }
+    local major
+    major="$("$pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+    ensure_build_deps
+    [ -f "/usr/include/postgresql/$major/server/postgres.h" ] \
+        || apt_install "postgresql-server-dev-$major" libkrb5-dev liblz4-dev libzstd-dev
+    local build
+    build="$(target_dir)/citus-build"
+    rm -rf "$build"
+    mkdir -p "$build"
+    log "building Citus from $source into PostgreSQL $major (once: a few minutes on two cores)"
+    tar xzf "$source" -C "$build" --strip-components=1
+    if [ -f "$patch" ]; then
+        (cd "$build" && patch -p1 -s < "$patch")
+    fi
+    (cd "$build" && ./configure --without-libcurl PG_CONFIG="$pg_config" >/dev/null \
+        && make -s -j2 >/dev/null 2>&1 && make -s install >/dev/null)
+    rm -rf "$build"
+}
+
+# Runs a command as the postgres user when we are root (initdb and the server refuse root).
+as_postgres() {
+    if [ "$(id -u)" = 0 ]; then
+        id postgres >/dev/null 2>&1 || useradd --system --home-dir "$CITUS_DIR" postgres
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# SQL $2 on database $3 (default postgres) of node $1.
+citus_sql() { psql "$(citus_url "$1" "${3:-postgres}")" -XAtqv ON_ERROR_STOP=1 -c "$2"; }
+
+# Starts the nodes that are not running (CITUS_STARTED=1 when it started any).
+citus_start() {
+    command -v psql >/dev/null 2>&1 || apt_install postgresql-client
+    ensure_citus_installed
+    local bindir i node dir port
+    bindir="$(pg_bindir)"
+    mkdir -p "$CITUS_DIR"
+    [ "$(id -u)" = 0 ] && { id postgres >/dev/null 2>&1 || useradd --system --home-dir "$CITUS_DIR" postgres; chown postgres "$CITUS_DIR"; }
+    for i in 0 1 2; do
+        node="${CITUS_NODES[$i]}"
+        dir="$CITUS_DIR/$node"
+        port="$(citus_port "$i")"
+        if [ ! -f "$dir/data/PG_VERSION" ]; then
+            log "creating Citus node $node in $dir"
+            as_postgres mkdir -p "$dir"
+            as_postgres "$bindir/initdb" -D "$dir/data" --auth=trust --username=postgres >/dev/null
+            # max_prepared_transactions: Citus commits a transaction that wrote on more
+            # than one worker in two phases; wal_level and the replication settings let
+            # shards move online (logical replication between the workers).
+            cat >>"$dir/data/postgresql.conf" <<EOF
+shared_preload_libraries = 'citus'
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = 300
+max_prepared_transactions = 200
+wal_level = logical
+max_wal_senders = 20
+max_replication_slots = 20
+EOF
+        fi
+        if ! as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+            log "starting Citus node $node on 127.0.0.1:$port"
+            as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+            CITUS_STARTED=1
+        fi
+    done
+    citus_prepare postgres
+}
+
+# The extension on every node's database $1, and the coordinator knowing its workers
+# there (Citus keeps its node list per database).
+citus_prepare() {
+    local db="$1" i
+    for i in 0 1 2; do
+        citus_sql "$i" "CREATE EXTENSION IF NOT EXISTS citus" "$db" >/dev/null
+    done
+    citus_sql 0 "SELECT citus_set_coordinator_host('127.0.0.1', $(citus_port 0))" "$db" >/dev/null
+    for i in 1 2; do
+        citus_sql 0 "SELECT citus_add_node('127.0.0.1', $(citus_port "$i"))
+                     WHERE NOT EXISTS (SELECT 1 FROM pg_dist_node
+                                       WHERE nodename = '127.0.0.1' AND nodeport = $(citus_port "$i"))" "$db" >/dev/null
+    done
+}
+
+citus_createdb() {
+    local db="$1" i
+    for i in 0 1 2; do
+        citus_sql "$i" "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
+            || citus_sql "$i" "CREATE DATABASE \"$db\""
+    done
+    citus_prepare "$db"
+}
+
+citus_dropdb() {
+    local db="$1" i
+    for i in 0 1 2; do
+        citus_sql "$i" "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" || true
+    done
+}
+
+citus_stop() {
+    local bindir i dir
+    bindir="$(pg_bindir || true)"
+    [ -n "$bindir" ] || return 0
+    for i in 2 1 0; do
+        dir="$CITUS_DIR/${CITUS_NODES[$i]}"
+        [ -f "$dir/data/PG_VERSION" ] || continue
+        if as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+            log "stopping Citus node ${CITUS_NODES[$i]}"
+            as_postgres "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+        fi
+    done
+}
+
+citus_status() {
+    local bindir i dir
+    bindir="$(pg_bindir)"
+    for i in 0 1 2; do
+        dir="$CITUS_DIR/${CITUS_NODES[$i]}"
+        if as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+            echo "${CITUS_NODES[$i]}: running on 127.0.0.1:$(citus_port "$i")"
+        else
+            echo "${CITUS_NODES[$i]}: stopped"
+        fi
+    done
+    citus_sql 0 "SELECT 'worker ' || nodename || ':' || nodeport FROM pg_dist_node WHERE noderole = 'primary' AND groupid <> 0 ORDER BY nodeport" 2>/dev/null || true
+}
