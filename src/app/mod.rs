@@ -153,6 +153,7 @@ impl Application {
         let erasures = Arc::new(Erasures::default());
         erasures.reload(&self.db).await?;
         let guard = Guard::new(self.db.clone(), self.config.idempotency.clone());
+        let guard_cache = guard.replay_cache().clone();
         let supervisor = Supervisor::new();
         // A distributed outbox has no trigger to wake the relays: the writes do.
         let waker = if self.db.distributed() {
@@ -172,7 +173,7 @@ impl Application {
         .waking(waker);
         {
             // No answer is replayed from memory before this process hears forgettings.
-            let cache = guard.replay_cache().clone();
+            let cache = guard_cache.clone();
             cache.suspend();
             let endpoints = service::Endpoint::ALL.iter().map(|e| e.as_str()).collect();
             let listen_on = db::direct_options(&self.config.db)?;
@@ -230,6 +231,14 @@ impl Application {
                 listener,
                 limits(&self.config),
                 api::Probes::Live,
+            );
+        }
+        // Serving starts once forgettings are heard (the replay cache answers from
+        // then on), or after a few seconds without: the cache then stays suspended
+        // until the session comes.
+        if !guard_cache.live_within(db::ACQUIRE_TIMEOUT).await {
+            tracing::warn!(
+                "cannot hear forgotten idempotency keys yet; replays come from the database until then"
             );
         }
         tracing::info!(address = %self.address, "orderd listening");

@@ -119,6 +119,8 @@ struct Freshness {
     epoch: AtomicU64,
     /// False while the process cannot hear forgettings.
     live: AtomicBool,
+    /// Woken whenever the cache is resumed.
+    resumed: tokio::sync::Notify,
 }
 
 /// When a read for the cache began: its monotonic instant and the cache's epoch.
@@ -150,6 +152,7 @@ impl ReplayCache {
             freshness: Arc::new(Freshness {
                 epoch: AtomicU64::new(0),
                 live: AtomicBool::new(true),
+                resumed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -253,6 +256,18 @@ impl ReplayCache {
     pub fn resume(&self) {
         self.clear();
         self.freshness.live.store(true, SeqCst);
+        self.freshness.resumed.notify_waiters();
+    }
+
+    /// Waits until the cache is live (heard to be), or `within` passed; says which.
+    pub async fn live_within(&self, within: Duration) -> bool {
+        let resumed = self.freshness.resumed.notified();
+        tokio::pin!(resumed);
+        resumed.as_mut().enable();
+        if self.freshness.live.load(SeqCst) {
+            return true;
+        }
+        tokio::time::timeout(within, resumed).await.is_ok() || self.freshness.live.load(SeqCst)
     }
 
     /// Bytes held now, by the weigher's account (pending maintenance run first).

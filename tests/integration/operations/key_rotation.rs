@@ -245,10 +245,13 @@ async fn two_rewraps_beside_live_writes_seal_every_record_once_under_the_first_k
             written
         })
     };
+    // Each walk visits 20,000 tenants, which on a loaded machine takes longer than the
+    // default wait: the rewrap that finishes first must still have time to look again
+    // after the other's last batch commits.
     let rewraps: Vec<_> = (0..2)
         .map(|_| {
             Command::new(BIN)
-                .args(["keys", "rewrap", "--batch", "100"])
+                .args(["keys", "rewrap", "--batch", "100", "--wait", "300"])
                 .env("DATABASE_URL", &url)
                 .env("ORDERD_RESPONSE_KEYS", &both)
                 .stdout(std::process::Stdio::piped())
