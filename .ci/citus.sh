@@ -91,13 +91,34 @@ max_wal_senders = 20
 max_replication_slots = 20
 EOF
         fi
-        if ! as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+        if ! answers "$(citus_url "$i")"; then
+            citus_clear_stale_locks "$dir" "$port"
             log "starting Citus node $node on 127.0.0.1:$port"
-            as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+            if ! as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null; then
+                log "Citus node $node did not start; the end of $dir/server.log:"
+                tail -n 20 "$dir/server.log" >&2 || true
+                return 1
+            fi
             CITUS_STARTED=1
         fi
     done
     citus_prepare postgres
+}
+
+# Removes the lock files a node left when it was killed, once their process is gone or is
+# no longer that node: a machine restored from a snapshot reuses process ids, and a
+# server whose lock names a living process of another kind refuses to start.
+citus_clear_stale_locks() {
+    local dir="$1" port="$2" lock pid
+    for lock in "$dir/data/postmaster.pid" "$dir/.s.PGSQL.$port.lock"; do
+        [ -f "$lock" ] || continue
+        pid="$(head -n 1 "$lock" | tr -dc 0-9)"
+        if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir/data"; then
+            continue
+        fi
+        log "removing the stale lock $lock (process ${pid:-?} is not that node)"
+        rm -f "$lock"
+    done
 }
 
 # The extension on every node's database $1, and the coordinator knowing its workers
@@ -138,7 +159,8 @@ citus_stop() {
     for i in 2 1 0; do
         dir="$CITUS_DIR/${CITUS_NODES[$i]}"
         [ -f "$dir/data/PG_VERSION" ] || continue
-        if as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+        # Only a node that answers on its port: a stale lock may name another process.
+        if answers "$(citus_url "$i")"; then
             log "stopping Citus node ${CITUS_NODES[$i]}"
             as_postgres "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
         fi
@@ -146,11 +168,9 @@ citus_stop() {
 }
 
 citus_status() {
-    local bindir i dir
-    bindir="$(pg_bindir)"
+    local i
     for i in 0 1 2; do
-        dir="$CITUS_DIR/${CITUS_NODES[$i]}"
-        if as_postgres "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+        if answers "$(citus_url "$i")"; then
             echo "${CITUS_NODES[$i]}: running on 127.0.0.1:$(citus_port "$i")"
         else
             echo "${CITUS_NODES[$i]}: stopped"
