@@ -101,8 +101,24 @@ EOF
             fi
             CITUS_STARTED=1
         fi
+        citus_allow_output_plugin "$i"
     done
     citus_prepare postgres
+}
+
+# PostgreSQL releases from 15.20 on name the libraries a logical decoding session may
+# load (output_plugin_libraries: pgoutput and test_decoding by default); Citus moves
+# and splits shards through an output plugin of its own, so each node lists it too.
+# Servers without the setting load any plugin.
+citus_allow_output_plugin() {
+    local allowed
+    allowed="$(citus_sql "$1" "SELECT setting FROM pg_settings WHERE name = 'output_plugin_libraries'")"
+    [ -n "$allowed" ] || return 0
+    grep -qw citus <<<"$allowed" && return 0
+    # A list setting: each library its own quoted item.
+    allowed="$(tr -d '" ' <<<"$allowed" | sed "s/[^,]*/'&'/g")"
+    citus_sql "$1" "ALTER SYSTEM SET output_plugin_libraries = $allowed, 'citus'" >/dev/null
+    citus_sql "$1" "SELECT pg_reload_conf()" >/dev/null
 }
 
 # Removes the lock files a node left when it was killed, once their process is gone or is

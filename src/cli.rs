@@ -10,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
 use crate::{
-    api, app, app::Config, auth, auth::JwtConfig, db, idempotency, lifecycle, outbox, reconcile,
-    retention, service, telemetry, tenant::TenantId,
+    api, app, app::Config, auth, auth::JwtConfig, citus, db, idempotency, lifecycle, outbox,
+    reconcile, retention, service, telemetry, tenant::TenantId,
 };
 
 #[derive(Debug, Parser)]
@@ -78,6 +78,23 @@ pub enum Command {
         #[command(subcommand)]
         command: IdempotencyCommand,
     },
+    /// The database on a Citus cluster (docs/scaling.md).
+    Citus {
+        #[command(subcommand)]
+        command: CitusCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CitusCommand {
+    /// Distribute the tables of a database that already holds data, in place, without
+    /// blocking writes while rows are copied; resumes where a stopped run ended. Needs
+    /// the citus extension on every node, the workers registered and wal_level =
+    /// logical. Restart every orderd process afterwards.
+    Distribute,
+    /// The rollback: bring every table back onto the coordinator (blocks writes to each
+    /// table while it is copied) with the single-server trigger and index.
+    Undistribute,
 }
 
 #[derive(Debug, Subcommand)]
@@ -226,6 +243,7 @@ async fn run_command(command: Command) -> anyhow::Result<()> {
         } => rewrap(configured()?, batch, Duration::from_secs(wait)).await,
         Command::Tenant { command } => tenant_command(configured()?, command).await,
         Command::Idempotency { command } => idempotency_command(configured()?, command).await,
+        Command::Citus { command } => citus_command(configured()?, command).await,
         Command::Token {
             tenant,
             scope,
@@ -338,6 +356,31 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
             );
             println!("dead {}", stats.dead);
         }
+    }
+    Ok(())
+}
+
+async fn citus_command(config: Config, command: CitusCommand) -> anyhow::Result<()> {
+    let mut conn = db::direct_session(&config.db).await?;
+    let started = std::time::Instant::now();
+    let report = |step: &citus::Step| match step.took {
+        Some(took) => println!("{:<60} {:>9.2} s", step.what, took.as_secs_f64()),
+        None => println!("{:<60} {:>9}", step.what, "done before"),
+    };
+    let (moved, now) = match command {
+        CitusCommand::Distribute => (citus::distribute(&mut conn, report).await?, "distributed"),
+        CitusCommand::Undistribute => (
+            citus::undistribute(&mut conn, report).await?,
+            "back on the coordinator",
+        ),
+    };
+    match moved.held {
+        Some(held) => println!(
+            "{now} in {:.2} s, writes to the tables held back for {:.2} s; restart every orderd process (serve, relay) so that each runs the statements of this layout",
+            started.elapsed().as_secs_f64(),
+            held.as_secs_f64()
+        ),
+        None => println!("{now} already: nothing to do"),
     }
     Ok(())
 }

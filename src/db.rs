@@ -658,16 +658,22 @@ fn explain(err: sqlx::Error, options: &PgConnectOptions, variable: &str) -> anyh
     anyhow::anyhow!("{variable}: {why}")
 }
 
-/// Applies pending migrations on a direct connection of their own (sqlx's migrator
-/// holds a session lock), without the statement timeout (a migration may rightly take
-/// long).
-pub async fn migrate(config: &DbConfig) -> anyhow::Result<()> {
+/// A session on the direct URL, without a statement timeout: for an operator's command
+/// whose statements rightly take long (a table copied into shards).
+pub async fn direct_session(config: &DbConfig) -> anyhow::Result<PgConnection> {
     let variable = if config.direct_url.expose() == config.url.expose() {
         "DATABASE_URL"
     } else {
         "ORDERD_DATABASE_DIRECT_URL"
     };
-    let mut conn = open(&connect_options(&config.direct_url)?, variable).await?;
+    open(&connect_options(&config.direct_url)?, variable).await
+}
+
+/// Applies pending migrations on a direct connection of their own (sqlx's migrator
+/// holds a session lock), without the statement timeout (a migration may rightly take
+/// long).
+pub async fn migrate(config: &DbConfig) -> anyhow::Result<()> {
+    let mut conn = direct_session(config).await?;
     MIGRATOR
         .run(&mut conn)
         .await

@@ -13,6 +13,8 @@ pub mod api;
 pub mod app;
 /// JWT verification and dev-token minting.
 pub mod auth;
+/// Moving an existing database onto a Citus cluster in place, and back.
+pub mod citus;
 /// The command line and the one-shot commands.
 pub mod cli;
 /// Typed settings from the environment, from one table.

@@ -153,3 +153,244 @@ async fn a_tenants_order_event_and_answer_live_on_one_worker_and_its_statements_
         "{plan:#?}"
     );
 }
+
+/// One client request as the load below saw it: when it started (from the load's
+/// start), how long it took, and how it was answered.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    at: std::time::Duration,
+    took: std::time::Duration,
+    status: u16,
+}
+
+/// A create as a well-behaved client sends it: a 503 or a 409 (both carrying
+/// `Retry-After`, the only failures the contract allows here) is retried after the time
+/// the header asks for; any other answer is final. Every attempt is recorded.
+async fn create_as_a_client(
+    app: &crate::support::TestApp,
+    token: &str,
+    key: &str,
+    body: &serde_json::Value,
+    start: std::time::Instant,
+    seen: &std::sync::Mutex<Vec<Seen>>,
+) -> crate::support::Reply {
+    loop {
+        let sent = std::time::Instant::now();
+        let reply = app.create(token, key, body).await;
+        seen.lock().unwrap().push(Seen {
+            at: sent - start,
+            took: sent.elapsed(),
+            status: reply.status,
+        });
+        if reply.status != 503 && reply.status != 409 {
+            return reply;
+        }
+        let wait: u64 = reply
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("{} without Retry-After", reply.status))
+            .parse()
+            .expect("Retry-After in seconds");
+        tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+    }
+}
+
+/// What `orderd citus <command>` printed, once it exited successfully.
+fn orderd_citus(db: &crate::support::TestDb, command: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["citus", command])
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "orderd citus {command}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The tables orderd's database has distributed (or made reference tables); the
+/// extension must be there.
+async fn distributed_tables(db: &crate::support::TestDb) -> BTreeSet<String> {
+    sqlx::query_scalar("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// An existing deployment moved onto the cluster in place, as the runbook does it: a
+/// database migrated before Citus was there holds orders, stored answers and events
+/// (some published, some not); the extension is created and the workers registered;
+/// `orderd citus distribute` runs while a client keeps creating orders; the processes
+/// are restarted. Nothing is lost or doubled, every replay is byte-exact, every event
+/// reaches SNS, and the tenants' rows live on the workers. `orderd citus undistribute`
+/// then brings it all back, with the single-server trigger, and replays stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orderd_citus_distribute_moves_a_populated_database_in_place_and_undistribute_brings_it_back()
+ {
+    use std::{
+        sync::{Arc, Mutex, atomic::AtomicBool, atomic::Ordering},
+        time::{Duration, Instant},
+    };
+
+    use crate::support::{TestDb, sns::Topic, spawn_publishing_app_on};
+
+    if !on_citus() {
+        return;
+    }
+    let topic = Topic::create(false).await;
+    let handle = TestDb::before_citus().await;
+    let before =
+        spawn_publishing_app_on(handle.handle().await, &topic.endpoint, &topic.arn, &[]).await;
+
+    // What the deployment held before: three tenants' orders, one cancelled each.
+    let tenants: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    let mut answered: Vec<(Uuid, String, serde_json::Value, Vec<u8>)> = Vec::new();
+    for tenant in &tenants {
+        let token = before.token(*tenant);
+        for n in 0..5 {
+            let (key, body) = (new_key(), order_body(&format!("BEFORE-{n}"), 1));
+            let created = before.create(&token, &key, &body).await;
+            assert_eq!(created.status, 201);
+            answered.push((*tenant, key, body, created.body));
+        }
+        let id = serde_json::from_slice::<serde_json::Value>(&answered.last().unwrap().3).unwrap()
+            ["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(before.cancel(&token, &new_key(), &id).await.status, 200);
+    }
+    handle
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            18,
+        )
+        .await;
+
+    // The operator's preparation, then the command, while a client writes.
+    handle.enable_citus().await;
+    let (stop, seen) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let before = Arc::new(before);
+    let writer = {
+        let (app, stop, seen, tenant) = (before.clone(), stop.clone(), seen.clone(), tenants[0]);
+        tokio::spawn(async move {
+            let (token, start) = (app.token(tenant), Instant::now());
+            let mut written = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let (key, body) = (new_key(), order_body("DURING-1", 1));
+                let reply = create_as_a_client(&app, &token, &key, &body, start, &seen).await;
+                assert_eq!(
+                    reply.status,
+                    201,
+                    "{}",
+                    String::from_utf8_lossy(&reply.body)
+                );
+                written.push((tenant, key, body, reply.body));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            written
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let printed = orderd_citus(&handle, "distribute");
+    assert!(printed.contains("distributed in"), "{printed}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    answered.extend(writer.await.unwrap());
+    let seen = seen.lock().unwrap().clone();
+    let slowest = seen.iter().map(|s| s.took).max().unwrap_or_default();
+    let last = seen.iter().map(|s| s.at).max().unwrap_or_default();
+    assert!(
+        seen.iter().all(|s| [201, 503, 409].contains(&s.status)),
+        "only 201, or a 503 or 409 retried: {seen:?}"
+    );
+    eprintln!(
+        "distribute: {} attempts over {last:.2?} while it ran, the slowest {slowest:.2?}",
+        seen.len()
+    );
+    let mut expected: BTreeSet<String> = DISTRIBUTED.map(String::from).into();
+    expected.insert("tenant_erasure".into());
+    assert_eq!(distributed_tables(&handle).await, expected);
+    assert!(
+        orderd_citus(&handle, "distribute").contains("already"),
+        "a second run finds it done"
+    );
+
+    // The restart the runbook asks for: a new process finds the distributed layout.
+    drop(Arc::into_inner(before).expect("the writer let go of the app"));
+    let after =
+        spawn_publishing_app_on(handle.handle().await, &topic.endpoint, &topic.arn, &[]).await;
+    for (tenant, key, body, first) in &answered {
+        let again = after.create(&after.token(*tenant), key, body).await;
+        assert_eq!((again.status, &again.body), (201, first), "replay of {key}");
+    }
+    let token = after.token(tenants[1]);
+    let created = after
+        .create(&token, &new_key(), &order_body("AFTER-1", 1))
+        .await;
+    assert_eq!(created.status, 201);
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&handle.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders as usize, answered.len() + 1, "one order per key");
+    let events: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox_event")
+        .fetch_all(&handle.pool)
+        .await
+        .unwrap();
+    assert_eq!(events.len(), answered.len() + 1 + tenants.len());
+    handle
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            events.len() as i64,
+        )
+        .await;
+    let published: BTreeSet<String> = topic
+        .collect(events.len())
+        .await
+        .iter()
+        .map(|m| m.event_id())
+        .collect();
+    for event in &events {
+        assert!(
+            published.contains(&event.to_string()),
+            "event {event} reached SNS"
+        );
+    }
+    let mut conn = PgConnection::connect(&handle.url).await.unwrap();
+    let coordinator = sqlx::query_scalar::<_, i32>("SELECT inet_server_port()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    for tenant in &tenants {
+        let (_, _, port) = placement(&mut conn, "orders", *tenant).await;
+        assert_ne!(port, coordinator, "{tenant} lives on a worker");
+    }
+
+    // The rollback.
+    drop(after);
+    let printed = orderd_citus(&handle, "undistribute");
+    assert!(printed.contains("back on the coordinator"), "{printed}");
+    assert!(distributed_tables(&handle).await.is_empty());
+    let trigger: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_event_notify')",
+    )
+    .fetch_one(&handle.pool)
+    .await
+    .unwrap();
+    assert!(trigger, "the single-server wake-up trigger is back");
+    let back = crate::support::spawn_app_on(handle.handle().await, &[]).await;
+    for (tenant, key, body, first) in &answered {
+        let again = back.create(&back.token(*tenant), key, body).await;
+        assert_eq!((again.status, &again.body), (201, first), "replay of {key}");
+    }
+    assert_eq!(back.db.count("orders").await as usize, answered.len() + 1);
+}

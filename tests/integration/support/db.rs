@@ -58,6 +58,12 @@ async fn on_server(admin: &str, sql: String) {
 /// `name` on every node of the Citus cluster, ready for orderd's migrations: the
 /// extension everywhere, the coordinator knowing itself and its workers.
 async fn prepare_citus(coordinator: &str, name: &str) {
+    create_on_every_node(coordinator, name).await;
+    enable_citus(coordinator, name).await;
+}
+
+/// An empty database `name` on the coordinator and on every worker.
+async fn create_on_every_node(coordinator: &str, name: &str) {
     let nodes: Vec<String> = std::iter::once(coordinator.to_string())
         .chain(citus_workers())
         .collect();
@@ -67,6 +73,14 @@ async fn prepare_citus(coordinator: &str, name: &str) {
             .map(|admin| on_server(admin, format!(r#"CREATE DATABASE "{name}""#))),
     )
     .await;
+}
+
+/// The extension in `name` on every node, the coordinator knowing itself and its
+/// workers there, and a small shard count for what it distributes next.
+async fn enable_citus(coordinator: &str, name: &str) {
+    let nodes: Vec<String> = std::iter::once(coordinator.to_string())
+        .chain(citus_workers())
+        .collect();
     let databases: Vec<String> = nodes
         .iter()
         .map(|admin| url_with_database(admin, name))
@@ -118,6 +132,27 @@ impl TestDb {
         Self::on(&admin_url()).await
     }
 
+    /// On a Citus cluster, a database migrated before the extension was created in it:
+    /// the single-server layout of a deployment that predates Citus, on every node.
+    /// [`TestDb::enable_citus`] then makes it ready to be distributed in place.
+    pub async fn before_citus() -> Self {
+        let admin = admin_url();
+        let workers = citus_workers();
+        assert!(
+            !workers.is_empty(),
+            "a database before Citus needs the cluster"
+        );
+        let name = format!("orderd_test_{}", Uuid::new_v4().simple());
+        create_on_every_node(&admin, &name).await;
+        Self::migrated(admin, name, workers).await
+    }
+
+    /// The extension created in this database on every node and the workers registered
+    /// (what an operator does before `orderd citus distribute`).
+    pub async fn enable_citus(&self) {
+        enable_citus(&self.admin, &self.name).await;
+    }
+
     /// A database on the server behind `admin` (a connection URL with rights to create databases).
     pub async fn on(admin: &str) -> Self {
         let admin = admin.to_string();
@@ -132,6 +167,11 @@ impl TestDb {
         } else {
             prepare_citus(&admin, &name).await;
         }
+        Self::migrated(admin, name, workers).await
+    }
+
+    /// The database `name`, made on the server behind `admin`, migrated and owned.
+    async fn migrated(admin: String, name: String, workers: Vec<String>) -> Self {
         let options = PgConnectOptions::from_str(&admin)
             .expect("admin URL parses")
             .database(&name);
