@@ -81,30 +81,35 @@ const DISTRIBUTE: [Plan; 6] = [
     },
 ];
 
-/// After the distribution commits: the rows the coordinator kept, which nothing reads
-/// any longer, are truncated (a short lock on each table's local part).
+/// After the distribution commits, the rows the coordinator kept for each table, which
+/// nothing reads any longer, are truncated (a short lock on each table's local part).
 const LEFTOVERS: [Plan; 4] = [
-    Plan {
-        what: "tenant_erasure: the coordinator's old rows truncated",
-        done: "SELECT false",
-        run: "SELECT truncate_local_data_after_distributing_table('tenant_erasure')",
-    },
-    Plan {
-        what: "orders: the coordinator's old rows truncated",
-        done: "SELECT false",
-        run: "SELECT truncate_local_data_after_distributing_table('orders')",
-    },
-    Plan {
-        what: "idempotency_record: the coordinator's old rows truncated",
-        done: "SELECT false",
-        run: "SELECT truncate_local_data_after_distributing_table('idempotency_record')",
-    },
-    Plan {
-        what: "outbox_event: the coordinator's old rows truncated",
-        done: "SELECT false",
-        run: "SELECT truncate_local_data_after_distributing_table('outbox_event')",
-    },
+    leftover(
+        "tenant_erasure: the coordinator's old rows truncated",
+        "SELECT truncate_local_data_after_distributing_table('tenant_erasure')",
+    ),
+    leftover(
+        "orders: the coordinator's old rows truncated",
+        "SELECT truncate_local_data_after_distributing_table('orders')",
+    ),
+    leftover(
+        "idempotency_record: the coordinator's old rows truncated",
+        "SELECT truncate_local_data_after_distributing_table('idempotency_record')",
+    ),
+    leftover(
+        "outbox_event: the coordinator's old rows truncated",
+        "SELECT truncate_local_data_after_distributing_table('outbox_event')",
+    ),
 ];
+
+/// A step run every time its part runs (nothing to look at first).
+const fn leftover(what: &'static str, run: &'static str) -> Plan {
+    Plan {
+        what,
+        done: "SELECT false",
+        run,
+    }
+}
 
 /// The rollback, in the order it runs, in one transaction: each table back on the
 /// coordinator, then the index and the trigger of the single-server layout.
@@ -191,97 +196,71 @@ pub async fn ready(conn: &mut PgConnection) -> Result<(), NotReady> {
     Ok(())
 }
 
-/// What a run did: its steps, and how long the transaction held writes back.
-#[derive(Debug, Clone)]
-pub struct Moved {
-    pub steps: Vec<Step>,
-    /// From the transaction's first statement to its commit; `None` when every step
-    /// had been done before.
-    pub held: Option<Duration>,
-}
-
 /// Distributes orderd's tables in place (see the module's comment); `each` hears of
-/// every step as it ends. A step done before is skipped.
+/// every step as it ends. A step done before is skipped. Returns how long writes were
+/// held back, `None` when everything had been done before.
 pub async fn distribute(
     conn: &mut PgConnection,
     mut each: impl FnMut(&Step),
-) -> Result<Moved, NotReady> {
+) -> Result<Option<Duration>, NotReady> {
     ready(conn).await?;
-    let mut moved = in_one_transaction(conn, &DISTRIBUTE, &mut each).await?;
-    if moved.held.is_some() {
+    let held = in_one_transaction(conn, &DISTRIBUTE, &mut each).await?;
+    if held.is_some() {
         for plan in &LEFTOVERS {
-            let started = Instant::now();
-            let mut sql = Sql::direct(conn);
-            sql.query(plan.run).execute(sql.conn()).await?;
-            let step = Step {
-                what: plan.what,
-                took: Some(started.elapsed()),
-            };
-            each(&step);
-            moved.steps.push(step);
+            each(&timed(conn, plan).await?);
         }
     }
-    Ok(moved)
+    Ok(held)
 }
 
-/// Brings orderd's tables back onto the coordinator (see the module's comment).
+/// Brings orderd's tables back onto the coordinator (see the module's comment); returns
+/// as [`distribute`] does.
 pub async fn undistribute(
     conn: &mut PgConnection,
     mut each: impl FnMut(&Step),
-) -> sqlx::Result<Moved> {
+) -> sqlx::Result<Option<Duration>> {
     in_one_transaction(conn, &UNDISTRIBUTE, &mut each).await
 }
 
-/// The steps not done yet, in one transaction; each timed.
+/// The steps not done yet, in one transaction, each timed; how long it took, `None`
+/// when there was nothing to do.
 async fn in_one_transaction(
     conn: &mut PgConnection,
     plans: &[Plan],
     each: &mut impl FnMut(&Step),
-) -> sqlx::Result<Moved> {
-    let mut pending = Vec::new();
-    {
+) -> sqlx::Result<Option<Duration>> {
+    let mut to_do = Vec::new();
+    for plan in plans {
         let mut sql = Sql::direct(conn);
-        for plan in plans {
-            let done: bool = sql.query_scalar(plan.done).fetch_one(sql.conn()).await?;
-            if done {
-                let step = Step {
-                    what: plan.what,
-                    took: None,
-                };
-                each(&step);
-                pending.push((plan, Some(step)));
-            } else {
-                pending.push((plan, None));
-            }
+        let done: bool = sql.query_scalar(plan.done).fetch_one(sql.conn()).await?;
+        if done {
+            each(&Step {
+                what: plan.what,
+                took: None,
+            });
+        } else {
+            to_do.push(plan);
         }
     }
-    if pending.iter().all(|(_, done)| done.is_some()) {
-        return Ok(Moved {
-            steps: pending.into_iter().filter_map(|(_, s)| s).collect(),
-            held: None,
-        });
+    if to_do.is_empty() {
+        return Ok(None);
     }
     let began = Instant::now();
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let mut steps = Vec::new();
-    for (plan, done) in pending {
-        if let Some(step) = done {
-            steps.push(step);
-            continue;
-        }
-        let started = Instant::now();
-        let mut sql = Sql::direct(&mut tx);
-        sql.query(plan.run).execute(sql.conn()).await?;
-        let step = Step {
-            what: plan.what,
-            took: Some(started.elapsed()),
-        };
-        each(&step);
-        steps.push(step);
+    for plan in to_do {
+        each(&timed(&mut tx, plan).await?);
     }
     tx.commit().await?;
-    Ok(Moved {
-        steps,
-        held: Some(began.elapsed()),
+    Ok(Some(began.elapsed()))
+}
+
+/// Runs `plan`'s statement, timed.
+async fn timed(conn: &mut PgConnection, plan: &Plan) -> sqlx::Result<Step> {
+    let started = Instant::now();
+    let mut sql = Sql::direct(conn);
+    sql.query(plan.run).execute(sql.conn()).await?;
+    Ok(Step {
+        what: plan.what,
+        took: Some(started.elapsed()),
     })
 }

@@ -367,14 +367,14 @@ async fn citus_command(config: Config, command: CitusCommand) -> anyhow::Result<
         Some(took) => println!("{:<60} {:>9.2} s", step.what, took.as_secs_f64()),
         None => println!("{:<60} {:>9}", step.what, "done before"),
     };
-    let (moved, now) = match command {
+    let (held, now) = match command {
         CitusCommand::Distribute => (citus::distribute(&mut conn, report).await?, "distributed"),
         CitusCommand::Undistribute => (
             citus::undistribute(&mut conn, report).await?,
             "back on the coordinator",
         ),
     };
-    match moved.held {
+    match held {
         Some(held) => println!(
             "{now} in {:.2} s, writes to the tables held back for {:.2} s; restart every orderd process (serve, relay) so that each runs the statements of this layout",
             started.elapsed().as_secs_f64(),
