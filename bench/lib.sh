@@ -70,6 +70,63 @@ bench_seed_replay_record() {
             now(), now(), now() + interval '1 day') ON CONFLICT DO NOTHING" >/dev/null
 }
 
+# Fills the database at BENCH_URL with $1 rows per table, in the shape a service that ran
+# for a day has: 1,000 tenants, skewed (log-uniform: the first tenant has about as many
+# rows as the last hundred together); keys spread over the day of their TTL; 95 % of the
+# events published, the rest pending, a few DEAD. Vacuumed, analysed and checkpointed.
+bench_fill() {
+    psql -qX "$BENCH_URL" -v rows="$1" <<'SQL' >/dev/null
+INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, version, created_at, updated_at)
+SELECT md5('tenant-' || t)::uuid, gen_random_uuid(), 'SKU-' || (n % 500), 1 + n % 9,
+       CASE WHEN n % 3 = 0 THEN 'customer-' || n END,
+       CASE WHEN n % 10 = 0 THEN 'CANCELLED' ELSE 'CREATED' END, CASE WHEN n % 10 = 0 THEN 2 ELSE 1 END,
+       at, at
+FROM (SELECT n, least(1000, floor(exp(random() * ln(1000)))::int) AS t,
+             now() - random() * interval '24 hours' AS at
+      FROM generate_series(1, :rows) n) g;
+INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state, response_status,
+                                response_location, response_content_type, response_body, resource_id,
+                                created_at, completed_at, expires_at)
+SELECT tenant_id, 'POST /v1/orders', 'fill-' || id, sha256(id::text::bytea), 'COMPLETED', 201,
+       '/v1/orders/' || id, 'application/json; charset=utf-8',
+       convert_to(json_build_object('id', id, 'sku', sku, 'quantity', quantity, 'customer_ref', customer_ref,
+                                    'status', 'CREATED', 'created_at', created_at, 'updated_at', created_at)::text, 'UTF8'),
+       id, created_at, created_at, created_at + interval '24 hours'
+FROM orders;
+INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                          next_attempt_at, status, published_at, attempts, last_error)
+SELECT tenant_id, gen_random_uuid(), id, 1, 'OrderCreated',
+       jsonb_build_object('event_type', 'OrderCreated', 'schema_version', 1, 'tenant_id', tenant_id,
+                          'order', jsonb_build_object('id', id, 'sku', sku, 'quantity', quantity)),
+       created_at, created_at,
+       CASE WHEN r < 0.95 THEN 'PUBLISHED' WHEN r < 0.999 THEN 'PENDING' ELSE 'DEAD' END,
+       CASE WHEN r < 0.95 THEN created_at + interval '20 milliseconds' END,
+       CASE WHEN r >= 0.999 THEN 10 ELSE 0 END,
+       CASE WHEN r >= 0.999 THEN 'invalid_parameter: too large' END
+FROM (SELECT *, random() AS r FROM orders) o;
+VACUUM ANALYZE orders, idempotency_record, outbox_event;
+CHECKPOINT;
+SQL
+}
+
+# $2 keys of the bench tenant, named $1-1 .. $1-$2, created through the API (what
+# bench/wrk/replay_many.lua replays).
+bench_replay_keys() {
+    python3 - "$BASE" "$TOKEN" "$1" "$2" <<'PY'
+import http.client, sys, urllib.parse
+base, token, prefix, keys = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+url = urllib.parse.urlsplit(base)
+conn = http.client.HTTPConnection(url.hostname, url.port)
+for i in range(1, keys + 1):
+    conn.request("POST", "/v1/orders", body='{"sku":"SKU-BENCH","quantity":1}', headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+        "Idempotency-Key": f"{prefix}-{i}"})
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 201, response.status
+PY
+}
+
 # --- Measuring: shared by bench/run and bench/scale. They set OUT (a scratch folder),
 # RUN_SECS, PGBENCH and ADMIN, and start orderd (ORDERD_PID, BASE, BENCH_URL) first.
 
@@ -107,11 +164,11 @@ bench_measure_init() {
     TIMEFORMAT='%U %S'
 }
 ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-pg_ticks() {
-    local t=0 p
-    [ -n "$POSTMASTER" ] || { echo 0; return; }
-    t="$(awk '{print $14 + $15 + $16 + $17}' "/proc/$POSTMASTER/stat")"
-    for p in $(pgrep -P "$POSTMASTER"); do t=$((t + $(ticks_of "$p"))); done
+pg_ticks() { # [postmaster pid, default POSTMASTER]
+    local t=0 p postmaster="${1:-$POSTMASTER}"
+    [ -n "$postmaster" ] || { echo 0; return; }
+    t="$(awk '{print $14 + $15 + $16 + $17}' "/proc/$postmaster/stat")"
+    for p in $(pgrep -P "$postmaster"); do t=$((t + $(ticks_of "$p"))); done
     echo "$t"
 }
 measured() { # output-prefix command...: runs it, writing PREFIX.cpu as "orderd pg tool" seconds

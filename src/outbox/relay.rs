@@ -54,6 +54,12 @@ pub struct Round {
     pub pause: Option<Duration>,
     /// Due events set aside until an earlier event of their order is published.
     pub parked: usize,
+    /// The round visited as many tenants as a round may: others, after them in the
+    /// walk, may have events due now. A backlog spread thinly over many tenants (one
+    /// event each, as a re-drive or a busy hour of many small tenants leaves it) fills
+    /// only a fraction of each batch, and without this the lane would wait for the
+    /// poll after every round of it.
+    pub more_tenants: bool,
 }
 
 pub struct Relay {
@@ -199,8 +205,11 @@ impl Relay {
                 // drain.)
                 // Parked rows mean the claim read rows that had to wait instead of
                 // due ones: more may be due behind them.
+                // Tenants not visited yet may have due events too.
                 Ok(round)
-                    if 2 * round.claimed as u32 >= self.config.batch_size || round.parked > 0 =>
+                    if 2 * round.claimed as u32 >= self.config.batch_size
+                        || round.parked > 0
+                        || (round.claimed > 0 && round.more_tenants) =>
                 {
                     continue;
                 }
@@ -237,6 +246,7 @@ impl Relay {
             .db
             .run(async |c| {
                 let (start, visit) = self.round_start(c).await?;
+                let more_tenants = start.tenants.len() >= store::FAIR_TENANTS_PER_CLAIM as usize;
                 let (claimed, had_nothing) =
                     claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
                 if let Some(visit) = visit {
@@ -246,7 +256,7 @@ impl Relay {
                         }
                     }
                 }
-                Ok::<_, sqlx::Error>((start.now, claimed))
+                Ok::<_, sqlx::Error>((start.now, claimed, more_tenants))
             })
             .await;
         metrics::claim_duration(claiming.elapsed().as_secs_f64());
@@ -257,6 +267,7 @@ impl Relay {
                 unreadable,
                 parked,
             },
+            more_tenants,
         ) = claimed?;
         if !unreadable.is_empty() {
             self.set_aside(&unreadable, claim).await?;
@@ -266,6 +277,7 @@ impl Relay {
                 claimed: unreadable.len(),
                 dead: unreadable.len(),
                 parked,
+                more_tenants,
                 ..Round::default()
             });
         }
@@ -286,6 +298,7 @@ impl Relay {
         let mut round = Round {
             claimed: batch.len() + unreadable.len(),
             parked,
+            more_tenants,
             ..Round::default()
         };
         let mut published = Vec::new();

@@ -218,13 +218,23 @@ impl From<sqlx::Error> for Problem {
     fn from(err: sqlx::Error) -> Self {
         // SQLSTATEs that say "not now" rather than "never": a cancelled statement
         // (statement timeout), a transaction left idle too long, a lock not granted,
-        // too many connections, a server shutting down.
-        const UNAVAILABLE: [&str; 6] = ["57014", "25P03", "55P03", "53300", "57P01", "57P03"];
+        // too many connections, a server shutting down, and the two that ask for the
+        // transaction to be run again (a serialization failure, which Citus raises when
+        // a split moved the tenant's rows after the statement was planned, and a
+        // deadlock).
+        const UNAVAILABLE: [&str; 8] = [
+            "57014", "25P03", "55P03", "53300", "57P01", "57P03", "40001", "40P01",
+        ];
+        // Citus's answer, without a SQLSTATE of its own, when a statement names a shard
+        // that a split or move has just replaced: it did nothing, and run again it is
+        // planned for the shard that holds the rows now.
+        const SHARD_REPLACED: &str = "could not find valid entry for shard";
         let transient = match &err {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-            sqlx::Error::Database(db) => {
-                db.code().is_some_and(|c| UNAVAILABLE.contains(&c.as_ref()))
-            }
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                UNAVAILABLE.contains(&c.as_ref())
+                    || (c == "XX000" && db.message().starts_with(SHARD_REPLACED))
+            }),
             _ => false,
         };
         if transient {

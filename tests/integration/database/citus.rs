@@ -7,12 +7,18 @@
 //! `.ci/test` runs the suite once on plain PostgreSQL and runs this file (with the
 //! idempotency, outbox and lifecycle tests) once more against a local Citus cluster.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, atomic::AtomicBool, atomic::Ordering},
+    time::{Duration, Instant},
+};
 
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::support::{new_key, on_citus, order_body, spawn_app};
+use crate::support::{
+    TestDb, new_key, on_citus, order_body, sns::Topic, spawn_app, spawn_publishing_app_on, token,
+};
 
 /// The tables orderd distributes, and the one it makes a reference table.
 const DISTRIBUTED: [&str; 3] = ["orders", "idempotency_record", "outbox_event"];
@@ -85,7 +91,7 @@ async fn a_tenants_order_event_and_answer_live_on_one_worker_and_its_statements_
     let app = spawn_app().await;
     let mut conn = PgConnection::connect(&app.db.url).await.unwrap();
     // Three tenants on each worker, chosen by where they hash.
-    let mut by_worker: std::collections::BTreeMap<(String, i32), Vec<Uuid>> = Default::default();
+    let mut by_worker: BTreeMap<(String, i32), Vec<Uuid>> = Default::default();
     for _ in 0..10_000 {
         if by_worker.len() == 2 && by_worker.values().all(|t| t.len() == 3) {
             break;
@@ -222,6 +228,32 @@ async fn distributed_tables(db: &crate::support::TestDb) -> BTreeSet<String> {
         .collect()
 }
 
+/// Waits until `events` (every event in the database) are marked published, and checks
+/// that SNS (moto) received each of them.
+async fn every_event_reaches_sns(
+    db: &crate::support::TestDb,
+    topic: &crate::support::sns::Topic,
+    events: &[Uuid],
+) {
+    db.until_count(
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        events.len() as i64,
+    )
+    .await;
+    let published: BTreeSet<String> = topic
+        .collect(events.len())
+        .await
+        .iter()
+        .map(|m| m.event_id())
+        .collect();
+    for event in events {
+        assert!(
+            published.contains(&event.to_string()),
+            "event {event} reached SNS"
+        );
+    }
+}
+
 /// An existing deployment moved onto the cluster in place, as the runbook does it: a
 /// database migrated before Citus was there holds orders, stored answers and events
 /// (some published, some not); the extension is created and the workers registered;
@@ -232,13 +264,6 @@ async fn distributed_tables(db: &crate::support::TestDb) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orderd_citus_distribute_moves_a_populated_database_in_place_and_undistribute_brings_it_back()
  {
-    use std::{
-        sync::{Arc, Mutex, atomic::AtomicBool, atomic::Ordering},
-        time::{Duration, Instant},
-    };
-
-    use crate::support::{TestDb, sns::Topic, spawn_publishing_app_on};
-
     if !on_citus() {
         return;
     }
@@ -347,24 +372,7 @@ async fn orderd_citus_distribute_moves_a_populated_database_in_place_and_undistr
         .await
         .unwrap();
     assert_eq!(events.len(), answered.len() + 1 + tenants.len());
-    handle
-        .until_count(
-            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
-            events.len() as i64,
-        )
-        .await;
-    let published: BTreeSet<String> = topic
-        .collect(events.len())
-        .await
-        .iter()
-        .map(|m| m.event_id())
-        .collect();
-    for event in &events {
-        assert!(
-            published.contains(&event.to_string()),
-            "event {event} reached SNS"
-        );
-    }
+    every_event_reaches_sns(&handle, &topic, &events).await;
     let mut conn = PgConnection::connect(&handle.url).await.unwrap();
     let coordinator = sqlx::query_scalar::<_, i32>("SELECT inet_server_port()")
         .fetch_one(&mut conn)
@@ -393,4 +401,207 @@ async fn orderd_citus_distribute_moves_a_populated_database_in_place_and_undistr
         assert_eq!((again.status, &again.body), (201, first), "replay of {key}");
     }
     assert_eq!(back.db.count("orders").await as usize, answered.len() + 1);
+}
+
+/// The `q` quantile (0 to 1) of `took`, or zero when there is none.
+fn quantile(took: &mut [std::time::Duration], q: f64) -> std::time::Duration {
+    if took.is_empty() {
+        return std::time::Duration::ZERO;
+    }
+    took.sort();
+    took[((took.len() - 1) as f64 * q).round() as usize]
+}
+
+/// A busy tenant moved to the other worker while it writes and replays, as the runbook in
+/// docs/scaling.md does it: its rows of the three co-located tables are isolated into
+/// shards of their own (`isolate_tenant_to_new_shard ... CASCADE`, writes held back for
+/// the copy: the split's logical mode never finishes under writes on Citus 13.2), and
+/// those shards are moved by logical replication (`citus_move_shard_placement`,
+/// `force_logical`). Two
+/// clients keep creating orders and replaying earlier keys of the tenant throughout, at
+/// a steady pace, each a well-behaved client (a 503 or 409 is retried after its
+/// `Retry-After`). Afterwards: every attempt was answered 201, or 503/409 and retried;
+/// one order and one event per key; every replay, during and after, byte-exact; every
+/// event published and received by SNS; the tenant's rows on the other worker. It prints
+/// how long each step took and how the requests during the move were answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_tenant_is_moved_to_the_other_worker_under_load_and_nothing_is_lost_doubled_or_changed()
+ {
+    if !on_citus() {
+        return;
+    }
+    let topic = Topic::create(false).await;
+    let db = TestDb::new().await;
+    let mut admin = PgConnection::connect(&db.url).await.unwrap();
+    // A move names its replication slots after an operation id drawn from a sequence of
+    // the database, while slots belong to the whole server: test databases side by side
+    // on one cluster would draw the same ids. Start this database's sequence apart.
+    sqlx::query("SELECT setval('pg_catalog.pg_dist_operationid_seq', $1)")
+        .bind(1 + (rand::random::<u32>() as i64) * 1_000)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let app = Arc::new(
+        spawn_publishing_app_on(db.handle().await, &topic.endpoint, &topic.arn, &[]).await,
+    );
+    let busy = Uuid::new_v4();
+
+    // The tenant's history before the move.
+    let mut answered: Vec<(String, serde_json::Value, Vec<u8>)> = Vec::new();
+    for n in 0..20 {
+        let (key, body) = (new_key(), order_body(&format!("BEFORE-{n}"), 1));
+        let created = app
+            .create(&token(busy, "orders:read orders:write"), &key, &body)
+            .await;
+        assert_eq!(created.status, 201);
+        answered.push((key, body, created.body));
+    }
+    let history = Arc::new(Mutex::new(answered));
+
+    // Two clients at a steady pace: two requests in three create an order under a new
+    // key, the third replays one of the tenant's earlier keys and must get its bytes.
+    let (stop, seen) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let start = Instant::now();
+    let clients: Vec<_> = (0..2)
+        .map(|client| {
+            let (app, stop, seen, history) =
+                (app.clone(), stop.clone(), seen.clone(), history.clone());
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    // A fresh token for each request, as a client refreshes it.
+                    let bearer = token(busy, "orders:read orders:write");
+                    let earlier = n.is_multiple_of(3).then(|| {
+                        let history = history.lock().unwrap();
+                        history[(n * 7 + client) % history.len()].clone()
+                    });
+                    let (key, body) = match &earlier {
+                        Some((key, body, _)) => (key.clone(), body.clone()),
+                        None => (new_key(), order_body(&format!("DURING-{client}"), 1)),
+                    };
+                    let reply = create_as_a_client(&app, &bearer, &key, &body, start, &seen).await;
+                    assert_eq!(
+                        reply.status,
+                        201,
+                        "{}",
+                        String::from_utf8_lossy(&reply.body)
+                    );
+                    match earlier {
+                        Some((key, _, first)) => {
+                            assert_eq!(reply.body, first, "replay of {key} during the move")
+                        }
+                        None => history.lock().unwrap().push((key, body, reply.body)),
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The move, as the runbook does it.
+    let began = start.elapsed();
+    let (from_shard, from_host, from_port) = placement(&mut admin, "orders", busy).await;
+    let shard: i64 = sqlx::query_scalar(
+        "SELECT isolate_tenant_to_new_shard('orders', $1, 'CASCADE',
+                                            shard_transfer_mode => 'block_writes')",
+    )
+    .bind(busy)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    let isolated = start.elapsed() - began;
+    let (now_shard, host, port) = placement(&mut admin, "orders", busy).await;
+    assert_eq!((now_shard, &host, port), (shard, &from_host, from_port));
+    assert_ne!(shard, from_shard, "the tenant has a shard of its own");
+    let (to_host, to_port): (String, i32) = sqlx::query_as(
+        "SELECT nodename::text, nodeport FROM pg_dist_node
+         WHERE noderole = 'primary' AND shouldhaveshards AND groupid <> 0
+           AND (nodename, nodeport) <> ($1, $2)",
+    )
+    .bind(&host)
+    .bind(port)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query(
+        "SELECT citus_move_shard_placement($1, $2, $3, $4, $5,
+                                           shard_transfer_mode => 'force_logical')",
+    )
+    .bind(shard)
+    .bind(&host)
+    .bind(port)
+    .bind(&to_host)
+    .bind(to_port)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let ended = start.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|s| [201, 503, 409].contains(&s.status)),
+        "only 201, or a 503 or 409 retried: {seen:?}"
+    );
+    let during: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.at + s.took >= began && s.at <= ended)
+        .collect();
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    for s in &during {
+        *by_status.entry(s.status).or_default() += 1;
+    }
+    let mut took: Vec<Duration> = during.iter().map(|s| s.took).collect();
+    let (p50, p99) = (quantile(&mut took, 0.5), quantile(&mut took, 0.99));
+    let mut outside: Vec<Duration> = seen
+        .iter()
+        .filter(|s| !(s.at + s.took >= began && s.at <= ended))
+        .map(|s| s.took)
+        .collect();
+    eprintln!(
+        "shard move under load: isolate {isolated:.2?}, move {:.2?}, {} attempts during it \
+         by status {by_status:?}, p50 {p50:.2?}, p99 {p99:.2?}, slowest {:.2?}; \
+         before and after it p99 {:.2?}",
+        ended - began - isolated,
+        during.len(),
+        took.last().copied().unwrap_or_default(),
+        quantile(&mut outside, 0.99),
+    );
+
+    // Where the tenant lives now: all three tables, on the other worker.
+    for table in DISTRIBUTED {
+        let (_, host, port) = placement(&mut admin, table, busy).await;
+        assert_eq!((host, port), (to_host.clone(), to_port), "{table} moved");
+    }
+    // One order and one event per key; every replay byte-exact; every event on SNS.
+    let history = history.lock().unwrap().clone();
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
+        .bind(busy)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders as usize, history.len(), "one order per key");
+    for (key, body, first) in &history {
+        let again = app
+            .create(&token(busy, "orders:read orders:write"), key, body)
+            .await;
+        assert_eq!((again.status, &again.body), (201, first), "replay of {key}");
+    }
+    let events: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox_event WHERE tenant_id = $1")
+            .bind(busy)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(events.len(), history.len(), "one event per order");
+    every_event_reaches_sns(&db, &topic, &events).await;
 }

@@ -267,3 +267,43 @@ async fn a_backlog_in_backoff_and_behind_dead_heads_neither_delays_others_nor_lo
     .unwrap();
     assert_eq!(out_of_order, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_spread_over_many_tenants_drains_round_after_round_without_waiting_for_the_poll()
+{
+    let moto = start_moto();
+    let arn = bare_topic(&moto, "fairness-spread").await;
+    let db = TestDb::new().await;
+    // 2,000 tenants with one due event each, laid down before any relay listens (no
+    // notification names them): every round visits at most 32 tenants and claims one
+    // event of each, a third of a batch. The poll is a minute away, so only rounds that
+    // follow each other drain this before the wait below gives up.
+    let tenants: Vec<Uuid> = (0..2_000).map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         SELECT t, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+                jsonb_build_object('event_type', 'OrderCreated', 'schema_version', 1, 'tenant_id', t::text),
+                now(), now()
+         FROM unnest($1::uuid[]) t",
+    )
+    .bind(&tenants)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[("ORDERD_OUTBOX_POLL_MS", "60000")]).await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            tenants.len() as i64,
+        )
+        .await;
+    let rounds: i64 = sqlx::query_scalar("SELECT count(DISTINCT published_at) FROM outbox_event")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    println!(
+        "{} events of as many tenants in {rounds} rounds",
+        tenants.len()
+    );
+    assert!(rounds >= tenants.len() as i64 / 32, "{rounds} rounds");
+}

@@ -340,6 +340,11 @@ impl Drop for TestDb {
                 .unwrap();
             rt.block_on(async move {
                 pool.close().await;
+                if nodes.len() > 1 {
+                    for admin in &nodes {
+                        drop_replication(admin, &name).await;
+                    }
+                }
                 for admin in nodes {
                     if let Ok(mut conn) = PgConnection::connect(&admin).await {
                         let _ = conn
@@ -353,6 +358,47 @@ impl Drop for TestDb {
         })
         .join()
         .ok();
+    }
+}
+
+/// What a shard move that failed half-way may leave in database `name` on the node
+/// behind `admin`: subscriptions (which a database cannot be dropped with) and the
+/// server's replication slots of that database (which would hold WAL back forever).
+async fn drop_replication(admin: &str, name: &str) {
+    if let Ok(mut conn) = PgConnection::connect(&url_with_database(admin, name)).await {
+        let subscriptions: Vec<String> = sqlx::query_scalar(
+            "SELECT subname::text FROM pg_subscription
+             WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
+        for sub in subscriptions {
+            for sql in [
+                format!(r#"ALTER SUBSCRIPTION "{sub}" DISABLE"#),
+                format!(r#"ALTER SUBSCRIPTION "{sub}" SET (slot_name = NONE)"#),
+                format!(r#"DROP SUBSCRIPTION "{sub}""#),
+            ] {
+                let _ = conn.execute(sqlx::AssertSqlSafe(sql)).await;
+            }
+        }
+        conn.close().await.ok();
+    }
+    if let Ok(mut conn) = PgConnection::connect(admin).await {
+        let _ = sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE database = $1 AND active_pid IS NOT NULL",
+        )
+        .bind(name)
+        .execute(&mut conn)
+        .await;
+        let _ = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE database = $1 AND NOT active",
+        )
+        .bind(name)
+        .execute(&mut conn)
+        .await;
     }
 }
 
