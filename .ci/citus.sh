@@ -58,7 +58,8 @@ as_postgres() {
 }
 
 # SQL $2 on database $3 (default postgres) of node $1.
-citus_sql() { psql "$(citus_url "$1" "${3:-postgres}")" -XAtqv ON_ERROR_STOP=1 -c "$2"; }
+# Citus's notices (CREATE DATABASE is not propagated, and so on) are left out.
+citus_sql() { PGOPTIONS='-c client_min_messages=warning' psql "$(citus_url "$1" "${3:-postgres}")" -XAtqv ON_ERROR_STOP=1 -c "$2"; }
 
 # Starts the nodes that are not running (CITUS_STARTED=1 when it started any).
 citus_start() {

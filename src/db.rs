@@ -173,6 +173,46 @@ impl<'c> Sql<'c> {
     pub fn conn(&mut self) -> &mut PgConnection {
         self.conn
     }
+
+    /// Runs `work` as one transaction on this connection: `BEGIN` and `COMMIT` of its
+    /// own on a connection that autocommits, a savepoint inside a transaction already
+    /// open (behind a pooler, or a caller's). `work` says at its end whether what it did
+    /// stays ([`End::Commit`]) or goes ([`End::RollBack`]); an error rolls it back (the
+    /// rollback is queued ahead of the connection's next statement, as a dropped
+    /// transaction's is). What needs several statements on Citus, where one statement
+    /// over several tables is not routed to one worker, runs this way.
+    pub async fn atomically<T>(
+        &mut self,
+        work: impl AsyncFnOnce(&mut Sql<'_>) -> sqlx::Result<End<T>>,
+    ) -> sqlx::Result<T> {
+        PgTransactionManager::begin(self.conn, None).await?;
+        let statements = self.statements;
+        let ended = {
+            let mut inner = Sql::new(&mut *self.conn, statements);
+            work(&mut inner).await
+        };
+        match ended {
+            Ok(End::Commit(out)) => {
+                PgTransactionManager::commit(self.conn).await?;
+                Ok(out)
+            }
+            Ok(End::RollBack(out)) => {
+                PgTransactionManager::rollback(self.conn).await?;
+                Ok(out)
+            }
+            Err(e) => {
+                PgTransactionManager::start_rollback(self.conn);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// How work run [`Sql::atomically`] ends: what it did is kept, or undone; either way
+/// with its answer.
+pub enum End<T> {
+    Commit(T),
+    RollBack(T),
 }
 
 /// One pooled connection, and whether its last user finished with it cleanly.

@@ -20,7 +20,11 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use sqlx::{Postgres, postgres::PgArguments, query::Query};
+use sqlx::{
+    Postgres,
+    postgres::PgArguments,
+    query::{Query, QueryAs},
+};
 use uuid::Uuid;
 
 use super::{
@@ -29,7 +33,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::{Purged, Sql};
+use crate::db::{End, Purged, Sql};
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -140,6 +144,16 @@ pub const CLAIM_OR_READ: &str = "WITH erasing AS (
      SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             clock_timestamp()
      FROM erasing WHERE yes";
+
+/// The claim of [`CLAIM_OR_READ`] alone, as Citus routes it to the tenant's worker (a
+/// fast-path `INSERT ... VALUES`): [`CLAIM_OR_READ`] itself is correct there but runs
+/// as four steps, with a two-phase commit on every worker (docs/scaling.md).
+pub const CLAIM_ROUTED: &str = "INSERT INTO idempotency_record
+            (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
+     VALUES ($1, $2, $3, $4, 'PROCESSING', $5,
+             statement_timestamp() + $6 * interval '1 millisecond', statement_timestamp())
+     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+     RETURNING created_at";
 
 /// The record and the database clock, by primary key.
 pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
@@ -644,16 +658,48 @@ pub async fn claim_or_read(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
-    let row: Option<ClaimRow> = sql
-        .query_as(CLAIM_OR_READ)
-        .bind(scope.tenant.0)
-        .bind(scope.endpoint)
-        .bind(scope.key.as_str())
-        .bind(fingerprint.as_bytes())
-        .bind(owner)
-        .bind(lease_ms)
-        .fetch_optional(sql.conn())
-        .await?;
+    if sql.distributed() {
+        // On a distributed database: the claim, the erasure mark and, for a key
+        // already there, its record, each a statement routed to the tenant's worker,
+        // in one transaction. The claim goes first: from it on this is a distributed
+        // transaction that an erasure beginning meanwhile waits for (`lifecycle`), so
+        // the mark read after it is either seen here (the claim is rolled back) or set
+        // after this transaction ended (and the erasure then deletes what it wrote). A
+        // mark read first could have been set just after that read, by an erasure that
+        // would not wait for this claim.
+        return sql
+            .atomically(async |c| {
+                let claimed: Option<(DateTime<Utc>,)> = bind_claim(
+                    c.query_as(CLAIM_ROUTED),
+                    scope,
+                    fingerprint,
+                    owner,
+                    lease_ms,
+                )
+                .fetch_optional(c.conn())
+                .await?;
+                if tenant_erasing(c, scope.tenant).await? {
+                    return Ok(End::RollBack(ClaimOrRead::TenantErasing));
+                }
+                Ok(End::Commit(match claimed {
+                    Some((at,)) => ClaimOrRead::Claimed { at },
+                    None => match read(c, scope).await? {
+                        Some(record) => ClaimOrRead::Existing(record),
+                        None => ClaimOrRead::Unseen,
+                    },
+                }))
+            })
+            .await;
+    }
+    let row: Option<ClaimRow> = bind_claim(
+        sql.query_as(CLAIM_OR_READ),
+        scope,
+        fingerprint,
+        owner,
+        lease_ms,
+    )
+    .fetch_optional(sql.conn())
+    .await?;
     Ok(match row {
         None => ClaimOrRead::Unseen,
         Some(ClaimRow { erasing: true, .. }) => ClaimOrRead::TenantErasing,
@@ -662,6 +708,23 @@ pub async fn claim_or_read(
         }) => ClaimOrRead::Claimed { at: row.read_at },
         Some(ClaimRow { row, .. }) => ClaimOrRead::Existing(row.into_record()?),
     })
+}
+
+/// The parameters of [`CLAIM_OR_READ`], [`CLAIM_ROUTED`] and [`RECLAIM`], in their order.
+fn bind_claim<'q, O>(
+    query: QueryAs<'q, Postgres, O, PgArguments>,
+    scope: &'q Scope,
+    fingerprint: &'q Fingerprint,
+    owner: Uuid,
+    lease_ms: i64,
+) -> QueryAs<'q, Postgres, O, PgArguments> {
+    query
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint)
+        .bind(scope.key.as_str())
+        .bind(fingerprint.as_bytes())
+        .bind(owner)
+        .bind(lease_ms)
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
@@ -710,15 +773,11 @@ pub async fn reclaim_expired(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sql.query_scalar(RECLAIM)
-        .bind(scope.tenant.0)
-        .bind(scope.endpoint)
-        .bind(scope.key.as_str())
-        .bind(fingerprint.as_bytes())
-        .bind(owner)
-        .bind(lease_ms)
-        .fetch_optional(sql.conn())
-        .await
+    let reclaimed: Option<(DateTime<Utc>,)> =
+        bind_claim(sql.query_as(RECLAIM), scope, fingerprint, owner, lease_ms)
+            .fetch_optional(sql.conn())
+            .await?;
+    Ok(reclaimed.map(|(at,)| at))
 }
 
 /// The fenced completion, run as the last statement of the business transaction.

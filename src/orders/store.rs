@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    db::Sql,
+    db::{End, Sql},
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
@@ -40,27 +40,47 @@ pub static CREATE: LazyLock<String> = LazyLock::new(|| {
      created AS ({insert} RETURNING 1)
      {event_row}",
         completion = Completion::sql(1),
-        insert = insert_order_sql(order, "completed"),
+        insert = insert_order_sql(order, Some("completed")),
         event_row = EventRow::insert_sql(event, Some("created")),
     )
+});
+
+/// [`CREATE`]'s three parts as statements of their own, each routed by Citus to the
+/// tenant's worker (the fenced `UPDATE` and an `INSERT ... VALUES` each), for
+/// [`create`] to run in one transaction on a distributed database: [`CREATE`] is
+/// correct there but its `INSERT ... SELECT` from a `RETURNING` runs as steps
+/// pulled through the coordinator, with a two-phase commit on every worker.
+static CREATE_ROUTED: LazyLock<[String; 3]> = LazyLock::new(|| {
+    [
+        Completion::sql(1),
+        insert_order_sql(1, None),
+        EventRow::insert_sql(1, None),
+    ]
 });
 
 /// How many parameters [`insert_order_sql`] uses.
 const ORDER_PARAMS: usize = 6;
 
-/// The insert of a new order, once for each row of the CTE `only_if`, its parameters
-/// numbered from `$first` (bound by [`bind_order`]).
-fn insert_order_sql(first: usize, only_if: &str) -> String {
+/// The insert of a new order, once for each row of the CTE `only_if` (or once), its
+/// parameters numbered from `$first` (bound by [`bind_order`]).
+fn insert_order_sql(first: usize, only_if: Option<&str>) -> String {
     let p = |i: usize| format!("${}", first + i);
-    format!(
-        "INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
-         SELECT {tenant}, {id}, {sku}, {quantity}, {customer_ref}, 'CREATED', {at}, {at} FROM {only_if}",
+    let values = format!(
+        "{tenant}, {id}, {sku}, {quantity}, {customer_ref}, 'CREATED', {at}, {at}",
         tenant = p(0),
         id = p(1),
         sku = p(2),
         quantity = p(3),
         customer_ref = p(4),
         at = p(5),
+    );
+    let source = match only_if {
+        Some(cte) => format!("SELECT {values} FROM {cte}"),
+        None => format!("VALUES ({values})"),
+    };
+    format!(
+        "INSERT INTO orders (tenant_id, id, sku, quantity, customer_ref, status, created_at, updated_at)
+         {source}"
     )
 }
 
@@ -91,6 +111,35 @@ pub async fn create(
     let tenant = fence.scope.tenant;
     let event = event(tenant, EventType::OrderCreated, order, trace);
     let row = EventRow::new(&event);
+    if sql.distributed() {
+        let completion = Completion::new(fence, response)?;
+        let [complete, insert, append] = &*CREATE_ROUTED;
+        // The order and its event first, the fenced completion last, undone when the
+        // fence no longer holds. In this order the transaction locks nothing of the
+        // record until its last statement, as the one statement does: a create that
+        // stalls (on a lock, a slow disk) while its lease runs out leaves the key free
+        // for a takeover and is refused at its fence, rather than holding the record
+        // and winning over the request that took the key over. And from its first
+        // statement on it is a distributed transaction that an erasure waits for, so
+        // the erasure mark the completion reads is one set before it or never seen.
+        return sql
+            .atomically(async |c| {
+                bind_order(c.query(insert.as_str()), tenant, order)
+                    .execute(c.conn())
+                    .await?;
+                row.bind(c.query(append.as_str())).execute(c.conn()).await?;
+                let done = completion
+                    .bind(c.query(complete.as_str()))
+                    .execute(c.conn())
+                    .await?;
+                Ok(if done.rows_affected() == 1 {
+                    End::Commit(true)
+                } else {
+                    End::RollBack(false)
+                })
+            })
+            .await;
+    }
     let query = sql.query(CREATE.as_str());
     let query = Completion::new(fence, response)?.bind(query);
     let done = row
@@ -298,7 +347,7 @@ mod tests {
             (
                 1 + Completion::PARAMS,
                 ORDER_PARAMS,
-                insert_order_sql(1 + Completion::PARAMS, "completed"),
+                insert_order_sql(1 + Completion::PARAMS, Some("completed")),
             ),
             (
                 1 + Completion::PARAMS + ORDER_PARAMS,

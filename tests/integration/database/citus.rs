@@ -105,6 +105,13 @@ async fn a_tenants_order_event_and_answer_live_on_one_worker_and_its_statements_
         assert!(by_worker.len() <= 2, "two workers: {by_worker:?}");
     }
     let tenants: Vec<Uuid> = by_worker.values().flatten().copied().collect();
+    // Citus records each two-phase commit it makes until its recovery (every minute)
+    // has seen it through.
+    let two_phase = "SELECT count(*) FROM pg_dist_transaction";
+    let committed_in_two_phases: i64 = sqlx::query_scalar(two_phase)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     for tenant in &tenants {
         let token = app.token(*tenant);
         let created = app
@@ -157,6 +164,35 @@ async fn a_tenants_order_event_and_answer_live_on_one_worker_and_its_statements_
     assert!(
         plan.iter().any(|line| line.contains("Task Count: 1")),
         "{plan:#?}"
+    );
+    // The writes too: the claim is one task, and no create or cancel above needed a
+    // two-phase commit (each committed on its tenant's worker alone).
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        orderd::idempotency::store::CLAIM_ROUTED
+    )))
+    .bind(tenants[0])
+    .bind("POST /v1/orders")
+    .bind("explained-key-0001")
+    .bind(vec![0u8; 32])
+    .bind(Uuid::new_v4())
+    .bind(60_000i64)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter().any(|line| line.contains("Task Count: 1"))
+            && !plan.iter().any(|line| line.contains("Subplan")),
+        "{plan:#?}"
+    );
+    let after: i64 = sqlx::query_scalar(two_phase)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        after <= committed_in_two_phases,
+        "{} two-phase commits",
+        after - committed_in_two_phases
     );
 }
 
