@@ -177,32 +177,27 @@ impl<'c> Sql<'c> {
     /// Runs `work` as one transaction on this connection: `BEGIN` and `COMMIT` of its
     /// own on a connection that autocommits, a savepoint inside a transaction already
     /// open (behind a pooler, or a caller's). `work` says at its end whether what it did
-    /// stays ([`End::Commit`]) or goes ([`End::RollBack`]); an error rolls it back (the
-    /// rollback is queued ahead of the connection's next statement, as a dropped
-    /// transaction's is). What needs several statements on Citus, where one statement
-    /// over several tables is not routed to one worker, runs this way.
+    /// stays ([`End::Commit`]) or goes ([`End::RollBack`]). An error, or the request
+    /// being dropped half-way (a client that hung up), rolls it back: sqlx's
+    /// transaction queues the rollback ahead of the connection's next statement, so a
+    /// connection never goes back to the pool with this transaction, or its locks,
+    /// still open. What needs several statements on Citus, where one statement over
+    /// several tables is not routed to one worker, runs this way.
     pub async fn atomically<T>(
         &mut self,
         work: impl AsyncFnOnce(&mut Sql<'_>) -> sqlx::Result<End<T>>,
     ) -> sqlx::Result<T> {
-        PgTransactionManager::begin(self.conn, None).await?;
         let statements = self.statements;
-        let ended = {
-            let mut inner = Sql::new(&mut *self.conn, statements);
-            work(&mut inner).await
-        };
+        let mut tx = Connection::begin(&mut *self.conn).await?;
+        let ended = work(&mut Sql::new(&mut tx, statements)).await?;
         match ended {
-            Ok(End::Commit(out)) => {
-                PgTransactionManager::commit(self.conn).await?;
+            End::Commit(out) => {
+                tx.commit().await?;
                 Ok(out)
             }
-            Ok(End::RollBack(out)) => {
-                PgTransactionManager::rollback(self.conn).await?;
+            End::RollBack(out) => {
+                tx.rollback().await?;
                 Ok(out)
-            }
-            Err(e) => {
-                PgTransactionManager::start_rollback(self.conn);
-                Err(e)
             }
         }
     }

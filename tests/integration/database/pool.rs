@@ -95,3 +95,57 @@ async fn many_callers_on_a_small_pool_are_all_served() {
         caller.unwrap().expect("served");
     }
 }
+
+/// Work run `atomically` that is dropped half-way (a client hung up while its claim was
+/// being written) leaves nothing written and no transaction open on the connection: the
+/// next work on it runs in a transaction of its own and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_work_dropped_half_way_is_rolled_back_and_the_connection_stays_usable() {
+    use orderd::db::{End, Sql};
+    use sqlx::Connection;
+
+    let db = TestDb::new().await;
+    let mut conn = PgConnection::connect(&db.url).await.unwrap();
+    let insert = |tenant: uuid::Uuid| {
+        format!(
+            "INSERT INTO tenant_erasure (tenant_id, started_at, actor) VALUES ('{tenant}', now(), 'test')"
+        )
+    };
+    let (dropped, kept) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let half_way = tokio::time::timeout(
+        Duration::from_millis(300),
+        Sql::direct(&mut conn).atomically(async |c| {
+            c.query(sqlx::AssertSqlSafe(insert(dropped)))
+                .execute(c.conn())
+                .await?;
+            // Never ends: the timeout drops this work here, its insert done.
+            std::future::pending::<()>().await;
+            Ok(End::Commit(()))
+        }),
+    )
+    .await;
+    assert!(half_way.is_err(), "the work was dropped half-way");
+    Sql::direct(&mut conn)
+        .atomically(async |c| {
+            c.query(sqlx::AssertSqlSafe(insert(kept)))
+                .execute(c.conn())
+                .await?;
+            Ok(End::Commit(()))
+        })
+        .await
+        .unwrap();
+    // Seen from another session: only the second work's row, committed.
+    let rows: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT tenant_id FROM tenant_erasure")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, vec![kept]);
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "no transaction left open");
+}
