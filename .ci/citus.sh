@@ -92,6 +92,7 @@ max_wal_senders = 20
 max_replication_slots = 20
 EOF
         fi
+        citus_worker_slots "$dir"
         if ! answers "$(citus_url "$i")"; then
             citus_clear_stale_locks "$dir" "$port"
             log "starting Citus node $node on 127.0.0.1:$port"
@@ -105,6 +106,22 @@ EOF
         citus_allow_output_plugin "$i"
     done
     citus_prepare postgres
+}
+
+# Citus runs a maintenance daemon, a background worker, for every database that has the
+# extension, and a shard move's logical replication needs background workers of its
+# own; PostgreSQL's default of 8 is used up by a few test databases, and a move then
+# waits forever for an apply worker that cannot start ("out of background worker
+# slots"). Node dir $1 gets room for both, restarted when it runs without it.
+citus_worker_slots() {
+    local conf="$1/data/postgresql.conf"
+    grep -q '^max_worker_processes = 128' "$conf" && return 0
+    printf '%s\n' 'max_worker_processes = 128' 'max_logical_replication_workers = 32' |
+        as_postgres tee -a "$conf" >/dev/null
+    if as_postgres "$(pg_bindir)/pg_ctl" -D "$1/data" status >/dev/null 2>&1; then
+        log "restarting Citus node $1 with more background workers"
+        as_postgres "$(pg_bindir)/pg_ctl" -D "$1/data" -l "$1/server.log" -w restart >/dev/null
+    fi
 }
 
 # PostgreSQL releases from 15.20 on name the libraries a logical decoding session may
