@@ -340,13 +340,9 @@ impl Drop for TestDb {
                 .unwrap();
             rt.block_on(async move {
                 pool.close().await;
-                if nodes.len() > 1 {
-                    for admin in &nodes {
-                        drop_replication(admin, &name).await;
-                    }
-                }
                 for admin in nodes {
                     if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                        drop_replication(&mut conn, &admin, &name).await;
                         let _ = conn
                             .execute(sqlx::AssertSqlSafe(format!(
                                 r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#
@@ -361,44 +357,42 @@ impl Drop for TestDb {
     }
 }
 
-/// What a shard move that failed half-way may leave in database `name` on the node
-/// behind `admin`: subscriptions (which a database cannot be dropped with) and the
-/// server's replication slots of that database (which would hold WAL back forever).
-async fn drop_replication(admin: &str, name: &str) {
-    if let Ok(mut conn) = PgConnection::connect(&url_with_database(admin, name)).await {
-        let subscriptions: Vec<String> = sqlx::query_scalar(
-            "SELECT subname::text FROM pg_subscription
-             WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap_or_default();
+/// What a shard move that failed half-way may leave of database `name` on the node
+/// that `conn` (a session on its `admin` URL) reaches: subscriptions (a database cannot
+/// be dropped with one) and the server's replication slots of that database (they would
+/// hold WAL back forever). Both catalogs are the server's, so looking costs a few
+/// statements on the session the drop uses anyway; only a subscription to drop needs a
+/// session in the database itself.
+async fn drop_replication(conn: &mut PgConnection, admin: &str, name: &str) {
+    let subscriptions: Vec<String> = sqlx::query_scalar(
+        "SELECT subname::text FROM pg_subscription
+         WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+    )
+    .bind(name)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap_or_default();
+    if !subscriptions.is_empty()
+        && let Ok(mut inside) = PgConnection::connect(&url_with_database(admin, name)).await
+    {
         for sub in subscriptions {
             for sql in [
                 format!(r#"ALTER SUBSCRIPTION "{sub}" DISABLE"#),
                 format!(r#"ALTER SUBSCRIPTION "{sub}" SET (slot_name = NONE)"#),
                 format!(r#"DROP SUBSCRIPTION "{sub}""#),
             ] {
-                let _ = conn.execute(sqlx::AssertSqlSafe(sql)).await;
+                let _ = inside.execute(sqlx::AssertSqlSafe(sql)).await;
             }
         }
-        conn.close().await.ok();
+        inside.close().await.ok();
     }
-    if let Ok(mut conn) = PgConnection::connect(admin).await {
-        let _ = sqlx::query(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-             WHERE database = $1 AND active_pid IS NOT NULL",
-        )
-        .bind(name)
-        .execute(&mut conn)
-        .await;
-        let _ = sqlx::query(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-             WHERE database = $1 AND NOT active",
-        )
-        .bind(name)
-        .execute(&mut conn)
-        .await;
+    for sql in [
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+         WHERE database = $1 AND active_pid IS NOT NULL",
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+         WHERE database = $1 AND NOT active",
+    ] {
+        let _ = sqlx::query(sql).bind(name).execute(&mut *conn).await;
     }
 }
 
