@@ -246,12 +246,44 @@ async fn in_one_transaction(
         return Ok(None);
     }
     let began = Instant::now();
+    let mut attempt = 1;
+    loop {
+        match steps_in_one_transaction(conn, &to_do, each).await {
+            // Writers lock these tables in more than one order (a create: the record,
+            // then the order and its event; a cancel: the order and its event, then the
+            // record), so no order of taking them here avoids every cycle. The steps
+            // are one transaction: when PostgreSQL or Citus picks it as the one to
+            // cancel, nothing of it stayed, and it simply runs again.
+            Err(e) if is_deadlock(&e) && attempt < DEADLOCK_ATTEMPTS => {
+                tracing::warn!(
+                    attempt,
+                    "cancelled to break a deadlock with a writer; running the steps again"
+                );
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+            Ok(()) => return Ok(Some(began.elapsed())),
+        }
+    }
+}
+
+/// How many times the transaction runs when each run is cancelled to break a deadlock.
+const DEADLOCK_ATTEMPTS: u32 = 5;
+
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("40P01"))
+}
+
+async fn steps_in_one_transaction(
+    conn: &mut PgConnection,
+    plans: &[&Plan],
+    each: &mut impl FnMut(&Step),
+) -> sqlx::Result<()> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    for plan in to_do {
+    for plan in plans {
         each(&timed(&mut tx, plan).await?);
     }
-    tx.commit().await?;
-    Ok(Some(began.elapsed()))
+    tx.commit().await
 }
 
 /// Runs `plan`'s statement, timed.

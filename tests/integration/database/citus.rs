@@ -200,8 +200,8 @@ async fn a_tenants_order_event_and_answer_live_on_one_worker_and_its_statements_
 /// start), how long it took, and how it was answered.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
-    at: std::time::Duration,
-    took: std::time::Duration,
+    at: Duration,
+    took: Duration,
     status: u16,
 }
 
@@ -213,11 +213,11 @@ async fn create_as_a_client(
     token: &str,
     key: &str,
     body: &serde_json::Value,
-    start: std::time::Instant,
+    start: Instant,
     seen: &std::sync::Mutex<Vec<Seen>>,
 ) -> crate::support::Reply {
     loop {
-        let sent = std::time::Instant::now();
+        let sent = Instant::now();
         let reply = app.create(token, key, body).await;
         seen.lock().unwrap().push(Seen {
             at: sent - start,
@@ -232,30 +232,31 @@ async fn create_as_a_client(
             .unwrap_or_else(|| panic!("{} without Retry-After", reply.status))
             .parse()
             .expect("Retry-After in seconds");
-        tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+        tokio::time::sleep(Duration::from_secs(wait)).await;
     }
 }
 
-/// What `orderd citus <command>` printed, once it exited successfully.
-fn orderd_citus(db: &crate::support::TestDb, command: &str) -> String {
+/// What `orderd citus <command>` printed (its report, then its warnings), once it
+/// exited successfully.
+fn orderd_citus(db: &TestDb, command: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
         .args(["citus", command])
         .env("DATABASE_URL", &db.url)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "orderd citus {command}: {stdout}{}",
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout
+    assert!(out.status.success(), "orderd citus {command}: {printed}");
+    printed
 }
 
 /// The tables orderd's database has distributed (or made reference tables); the
 /// extension must be there.
-async fn distributed_tables(db: &crate::support::TestDb) -> BTreeSet<String> {
+async fn distributed_tables(db: &TestDb) -> BTreeSet<String> {
     sqlx::query_scalar("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
         .fetch_all(&db.pool)
         .await
@@ -266,11 +267,7 @@ async fn distributed_tables(db: &crate::support::TestDb) -> BTreeSet<String> {
 
 /// Waits until `events` (every event in the database) are marked published, and checks
 /// that SNS (moto) received each of them.
-async fn every_event_reaches_sns(
-    db: &crate::support::TestDb,
-    topic: &crate::support::sns::Topic,
-    events: &[Uuid],
-) {
+async fn every_event_reaches_sns(db: &TestDb, topic: &Topic, events: &[Uuid]) {
     db.until_count(
         "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
         events.len() as i64,
@@ -440,9 +437,9 @@ async fn orderd_citus_distribute_moves_a_populated_database_in_place_and_undistr
 }
 
 /// The `q` quantile (0 to 1) of `took`, or zero when there is none.
-fn quantile(took: &mut [std::time::Duration], q: f64) -> std::time::Duration {
+fn quantile(took: &mut [Duration], q: f64) -> Duration {
     if took.is_empty() {
-        return std::time::Duration::ZERO;
+        return Duration::ZERO;
     }
     took.sort();
     took[((took.len() - 1) as f64 * q).round() as usize]
@@ -640,4 +637,69 @@ async fn a_busy_tenant_is_moved_to_the_other_worker_under_load_and_nothing_is_lo
             .unwrap();
     assert_eq!(events.len(), history.len(), "one event per order");
     every_event_reaches_sns(&db, &topic, &events).await;
+}
+
+/// `orderd citus distribute` cancelled to break a deadlock with a writer runs its
+/// transaction again and completes. The writer is this test's own transaction: it
+/// updates an order (so the distribution, once it made the erasure marks a reference
+/// table, waits for `orders`), then writes an erasure mark (so it waits for the
+/// distribution): a cycle. The distribution, waiting longer, is the one PostgreSQL
+/// cancels; the writer's statement then goes through, its transaction ends, and the
+/// second run of the steps finds nothing in its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orderd_citus_distribute_cancelled_to_break_a_deadlock_runs_again_and_completes() {
+    if !on_citus() {
+        return;
+    }
+    let handle = TestDb::before_citus().await;
+    let (tenant, order) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO orders (tenant_id, id, sku, quantity, status, created_at, updated_at)
+         VALUES ($1, $2, 'DEADLOCK-1', 1, 'CREATED', now(), now())",
+    )
+    .bind(tenant)
+    .bind(order)
+    .execute(&handle.pool)
+    .await
+    .unwrap();
+    handle.enable_citus().await;
+
+    let mut writer = handle.pool.begin().await.unwrap();
+    sqlx::query("UPDATE orders SET version = version WHERE tenant_id = $1 AND id = $2")
+        .bind(tenant)
+        .bind(order)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let distributing = {
+        let db = handle.handle().await;
+        tokio::task::spawn_blocking(move || orderd_citus(&db, "distribute"))
+    };
+    handle
+        .until_count(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE 'SELECT create_distributed_table(''orders''%'",
+            1,
+        )
+        .await;
+    sqlx::query("INSERT INTO tenant_erasure (tenant_id, actor) VALUES ($1, 'test')")
+        .bind(Uuid::new_v4())
+        .execute(&mut *writer)
+        .await
+        .expect("the writer goes through once the distribution is cancelled");
+    writer.rollback().await.unwrap();
+
+    let printed = distributing.await.unwrap();
+    assert!(printed.contains("running the steps again"), "{printed}");
+    assert!(printed.contains("distributed in"), "{printed}");
+    let mut expected: BTreeSet<String> = DISTRIBUTED.map(String::from).into();
+    expected.insert("tenant_erasure".into());
+    assert_eq!(distributed_tables(&handle).await, expected);
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
+        .bind(tenant)
+        .fetch_one(&handle.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1, "the order is still there, once");
 }
