@@ -127,6 +127,48 @@ for i in range(1, keys + 1):
 PY
 }
 
+# k6's steady load (k6/load.js: creates at RATE a second, a replay of one in five, a
+# list of one in three) against BASE for $2 seconds, in the background, every request
+# written as a point to $1 (JSON lines); sets K6_PID. K6 names the k6 binary.
+bench_k6_points() {
+    "$K6" run --quiet --no-color --out "json=$1" -e "BASE_URL=$BASE" \
+        -e "ORDERD_JWT_HS256_SECRET=$ORDERD_JWT_HS256_SECRET" -e "RATE=$RATE" \
+        -e "DURATION=${2}s" k6/load.js >/dev/null 2>&1 &
+    K6_PID=$!
+}
+
+# The requests of kind $2 (create, replay or list) in k6's points file $1 that ended
+# between the epoch seconds $3 and $4 (k6 stamps a request's point when its answer
+# came), and the others of the same run: how many, by status, and their latency.
+bench_k6_split() {
+    python3 - "$@" <<'PY'
+import json, sys
+from collections import Counter
+from datetime import datetime
+path, kind, start, end = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+inside, outside = [], []
+for line in open(path):
+    point = json.loads(line)
+    if point.get("type") != "Point" or point.get("metric") != "http_req_duration":
+        continue
+    tags = point["data"]["tags"]
+    if tags.get("kind") != kind:
+        continue
+    at = datetime.fromisoformat(point["data"]["time"]).timestamp()
+    (inside if start <= at <= end else outside).append((point["data"]["value"], tags.get("status")))
+def line(name, requests):
+    if not requests:
+        return f"{name}: no {kind}s"
+    values = sorted(v for v, _ in requests)
+    statuses = dict(sorted(Counter(s for _, s in requests).items()))
+    pick = lambda p: values[min(len(values) - 1, int(len(values) * p))]
+    return (f"{name}: {len(values)} {kind}s {statuses}, {pick(0.5):.1f} ms p50, "
+            f"{pick(0.99):.1f} ms p99, {values[-1]:.1f} ms max")
+print(line("meanwhile", inside))
+print(line("the rest of that run", outside))
+PY
+}
+
 # --- Measuring: shared by bench/run and bench/scale. They set OUT (a scratch folder),
 # RUN_SECS, PGBENCH and ADMIN, and start orderd (ORDERD_PID, BASE, BENCH_URL) first.
 
