@@ -61,16 +61,19 @@ impl KnownTenants {
         self.lock().looked = None;
     }
 
-    /// Whether a round should look at the table first: never yet, after a lost
-    /// session, or `every` since the last look.
-    pub fn look_due(&self, every: Duration) -> bool {
-        self.lock().looked.is_none_or(|at| at.elapsed() >= every)
-    }
-
-    /// What a look at the table found, as of when it began.
-    pub fn looked(&self, at: Instant, tenants: impl IntoIterator<Item = Uuid>) {
-        self.name(tenants);
-        self.lock().looked = Some(at);
+    /// Whether this round should look at the table first (never looked yet, after a
+    /// lost session, or `every` since the last look began), taking the look when it
+    /// should: one round looks, the rounds of the other lanes go on meanwhile. A look
+    /// reads every due row (a backlog's too), and lanes that found it due together
+    /// each read them all and each stalled for it. The caller names what the look
+    /// found, or calls [`KnownTenants::look_again`] when it failed.
+    pub fn take_look(&self, every: Duration) -> bool {
+        let mut inner = self.lock();
+        let due = inner.looked.is_none_or(|at| at.elapsed() >= every);
+        if due {
+            inner.looked = Some(Instant::now());
+        }
+        due
     }
 
     /// Up to `n` known tenants from the cursor on (wrapping round), moving the cursor
@@ -147,11 +150,13 @@ mod tests {
     fn the_table_is_looked_at_first_after_a_loss_and_at_every_poll() {
         let known = KnownTenants::default();
         let poll = Duration::from_secs(3600);
-        assert!(known.look_due(poll), "before the first look");
-        known.looked(Instant::now(), ids(1));
-        assert!(!known.look_due(poll));
+        assert!(known.take_look(poll), "before the first look");
+        assert!(
+            !known.take_look(poll),
+            "one round takes the look, the next does not"
+        );
         known.look_again();
-        assert!(known.look_due(poll));
-        assert!(known.look_due(Duration::ZERO) || known.look_due(poll));
+        assert!(known.take_look(poll), "after a loss");
+        assert!(known.take_look(Duration::ZERO), "at every poll");
     }
 }

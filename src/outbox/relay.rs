@@ -385,10 +385,14 @@ impl Relay {
             }
             return Ok((start, None));
         }
-        if self.known.look_due(self.config.poll) {
-            let looking = Instant::now();
-            let found = store::due_tenants(c).await?;
-            self.known.looked(looking, found.tenants);
+        if self.known.take_look(self.config.poll) {
+            match store::due_tenants(c).await {
+                Ok(found) => self.known.name(found.tenants),
+                Err(e) => {
+                    self.known.look_again();
+                    return Err(e);
+                }
+            }
         }
         let visit = self.known.visit(per_round as usize);
         let now = store::round_time(c).await?;
