@@ -470,6 +470,7 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
                 rows_per_sec: std::num::NonZeroU32::new(rows_per_sec),
                 actor: actor.unwrap_or_else(os_user),
                 relay_lease: outbox::relay::claim_lease(config.outbox.publish_timeout),
+                heard_within: config.db.listen_bound,
             };
             tracing::info!(tenant = %tenant, actor = %plan.actor, "tenant erasure started");
             let erased = lifecycle::erase(&db, TenantId(tenant), &plan, |so_far| {
@@ -528,7 +529,7 @@ async fn idempotency_command(config: Config, command: IdempotencyCommand) -> any
         } => {
             let scope = record.scope()?;
             let actor = actor.unwrap_or_else(os_user);
-            match operator::forget(&db, &scope, force, &actor).await {
+            match operator::forget(&db, &scope, force, &actor, config.db.listen_bound).await {
                 Ok(was) => println!(
                     "forgot the {} record of tenant {}, `{}`, key `{}`{}: the next request with this key runs afresh in every process",
                     was.state,

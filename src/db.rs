@@ -24,13 +24,17 @@ use deadpool::managed::{self, Metrics, PoolError, RecycleError, RecycleResult, T
 use sqlx::{
     Connection, PgConnection, Postgres, SqlSafeStr,
     migrate::Migrator,
-    postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow, PgTransactionManager},
+    postgres::{PgArguments, PgConnectOptions, PgRow, PgTransactionManager},
     query::{Query, QueryAs, QueryScalar},
 };
 
 use sqlx_core::transaction::TransactionManager;
 
 use crate::config::{ConfigError, Env, Kind, Secret, parse, range, settings};
+
+mod listen;
+
+pub use self::listen::{Heard, ListenOn, Liveness, listen};
 
 settings! {
     /// How the process reaches PostgreSQL.
@@ -46,6 +50,8 @@ settings! {
         pool_size: u32 = parse::number [DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own plus one for its statistics check, and LISTEN and migrations one each"],
         /// The longest a statement may run (and a transaction stay idle).
         statement_timeout: Duration = parse::millis [DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle"],
+        /// How long what a listening session said is trusted without a fresh round trip.
+        listen_bound: Duration = parse::millis [LISTEN_BOUND_MS, "ORDERD_LISTEN_BOUND_MS", Some("3000"), range(500, 60_000), "how long a process trusts what its listening sessions told it (forgotten keys, erasures) without hearing from them; each proves itself every quarter of this; `idempotency forget` and `tenant erase` wait this long after they commit, so give them the servers' value"],
     }
 }
 
@@ -64,6 +70,33 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 /// How long a request waits for a free connection before it answers 503 instead of
 /// hanging.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What orderd allows a database call beyond the statement timeout before it gives up
+/// on the answer itself: the server cancels a slow statement at the timeout and says
+/// so, but a connection whose packets are dropped silently says nothing, and the
+/// operating system would wait minutes for TCP to give up. The margin covers the
+/// cancellation's own round trip.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(1);
+
+/// A pooled connection idle long enough to be checked is given this long to answer its
+/// ping; one that does not is dropped and another taken (a connection that went
+/// silent would otherwise hold the request for the pool's whole wait).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The server's side of a client that vanished without a word (its host died, or a
+/// firewall dropped the flow): TCP keepalives and a user timeout on the backend's
+/// socket, so that PostgreSQL ends such a session within about twenty seconds instead
+/// of the kernel's two hours, and a statement still running notices a closed client.
+/// Its locks are already bounded by the statement and idle-in-transaction timeouts;
+/// what this frees is the connection slot and, for a listening session, the
+/// notification queue it would otherwise hold back. Ignored on Unix-domain sockets.
+pub const SERVER_KEEPALIVES: [(&str, &str); 5] = [
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "3"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "20000"),
+    ("client_connection_check_interval", "5000"),
+];
 
 /// A pooled connection idle at least this long is pinged before use. Under load
 /// connections are idle for microseconds and go out unchecked; after a database
@@ -246,7 +279,10 @@ impl managed::Manager for Connector {
     ) -> RecycleResult<sqlx::Error> {
         if session.unsettled || metrics.last_used() >= PING_IF_IDLE_FOR {
             // An error drops this one; the pool then hands out another or opens one.
-            session.conn.ping().await.map_err(RecycleError::Backend)?;
+            match tokio::time::timeout(PING_TIMEOUT, session.conn.ping()).await {
+                Ok(pinged) => pinged.map_err(RecycleError::Backend)?,
+                Err(_) => return Err(RecycleError::message("no answer to a ping")),
+            }
             session.unsettled = false;
         }
         Ok(())
@@ -267,6 +303,8 @@ pub struct Db {
     distributed: bool,
     /// `BEGIN` with the statement timeouts as `SET LOCAL`, one round trip.
     begin: Arc<str>,
+    /// How long a call may wait for the database's answer (see [`Db::within`]).
+    deadline: Duration,
 }
 
 impl std::fmt::Debug for Db {
@@ -301,6 +339,28 @@ impl Db {
             pooled,
             distributed: false,
             begin: begin_statement(statement_timeout).into(),
+            deadline: statement_timeout + DEADLINE_MARGIN,
+        }
+    }
+
+    /// Runs `work` (database calls on a connection already taken) within the statement
+    /// timeout plus [`DEADLINE_MARGIN`]: past that, orderd stops waiting whatever the
+    /// network says, and the caller gets an I/O error (answered 503 like any lost
+    /// connection). The connection `work` held is then in an unknown state: dropped
+    /// unfinished, it is pinged before its next use, and dropped if it stays silent.
+    pub async fn within<T, E: From<sqlx::Error>>(
+        &self,
+        work: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        match tokio::time::timeout(self.deadline, work).await {
+            Ok(done) => done,
+            Err(_) => Err(E::from(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer from the database within {} ms",
+                    self.deadline.as_millis()
+                ),
+            )))),
         }
     }
 
@@ -343,8 +403,14 @@ impl Db {
         self.pool.status().available
     }
 
+    /// A connection within [`ACQUIRE_TIMEOUT`] in all: the pool's wait for a free one,
+    /// the pings of idle ones and the opening of a new one together (each has a
+    /// timeout of its own, and a silent network could otherwise chain them).
     async fn session(&self) -> sqlx::Result<managed::Object<Connector>> {
-        self.pool.get().await.map_err(|e| match e {
+        let got = tokio::time::timeout(ACQUIRE_TIMEOUT, self.pool.get())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+        got.map_err(|e| match e {
             PoolError::Timeout(_) => sqlx::Error::PoolTimedOut,
             PoolError::Backend(e) => e,
             PoolError::Closed => sqlx::Error::PoolClosed,
@@ -373,9 +439,12 @@ impl Db {
         work: impl AsyncFnOnce(&mut Sql<'_>) -> sqlx::Result<T>,
     ) -> sqlx::Result<T> {
         let mut conn = self.conn().await?;
-        let out = work(&mut conn.sql()).await?;
-        conn.done().await?;
-        Ok(out)
+        self.within(async {
+            let out = work(&mut conn.sql()).await?;
+            conn.done().await?;
+            Ok(out)
+        })
+        .await
     }
 
     /// A transaction with the statement timeouts set for it, on a connection of its
@@ -396,7 +465,11 @@ impl Db {
     /// hands the connection back.
     pub async fn begin_in(&self, conn: &mut Conn) -> sqlx::Result<()> {
         let statement = sqlx::AssertSqlSafe(self.begin.to_string()).into_sql_str();
-        PgTransactionManager::begin(&mut conn.session.conn, Some(statement)).await?;
+        self.within(PgTransactionManager::begin(
+            &mut conn.session.conn,
+            Some(statement),
+        ))
+        .await?;
         conn.in_transaction = true;
         Ok(())
     }
@@ -511,6 +584,7 @@ pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
             ("idle_in_transaction_session_timeout", timeout.as_str()),
             ("jit", "off"),
         ]);
+        options = options.options(SERVER_KEEPALIVES);
     }
     // One plain connection first: its error says what is wrong, where the pool's
     // would only say that it timed out.
@@ -528,9 +602,18 @@ pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
 
 /// Whether `outbox_event` is a distributed table: the `citus` extension is installed
 /// in this database and the migrations distributed orderd's tables (they do so
-/// together).
+/// together). Asked in a transaction of its own, so that it also works through a
+/// transaction pooler that resets a server connection after every transaction (the
+/// unnamed statement sqlx parses in one round trip and runs in the next would
+/// otherwise be gone in between).
 pub async fn is_distributed(conn: &mut PgConnection) -> sqlx::Result<bool> {
-    let mut sql = Sql::direct(conn).unnamed();
+    let mut tx = Connection::begin(conn).await?;
+    let distributed = distributed_in(&mut Sql::direct(&mut tx).unnamed()).await?;
+    tx.commit().await?;
+    Ok(distributed)
+}
+
+async fn distributed_in(sql: &mut Sql<'_>) -> sqlx::Result<bool> {
     let citus: bool = sql
         .query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
@@ -578,76 +661,20 @@ impl SessionLock {
     }
 }
 
-/// What a `LISTEN` heard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Heard<'a> {
-    /// A notification on the channel, with its payload.
-    Notified(&'a str),
-    /// The session was (re)established: notifications sent while it was not may have
-    /// been missed, so whatever they would have said must be looked up.
-    Listening,
-    /// The session was lost: until [`Heard::Listening`], nothing sent is heard.
-    Lost,
-}
-
-/// Keeps a `LISTEN` on `channel` (a session of its own, on `listen_on`) and calls
-/// `heard` for every notification, with [`Heard::Listening`] whenever the session is
-/// (re)established and with [`Heard::Lost`] when it is lost; reconnects with a backoff
-/// until `shutdown`. A lost session is replaced here rather than by sqlx's own silent
-/// reconnect, so that the caller always knows whether it is listening.
-pub async fn listen(
-    listen_on: PgConnectOptions,
-    channel: &str,
-    mut heard: impl FnMut(Heard<'_>),
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let connected = async {
-            // A one-connection pool of its own, on the direct (session) connection.
-            let session = PgPoolOptions::new()
-                .max_connections(1)
-                .connect_lazy_with(listen_on.clone());
-            let mut listener = sqlx::postgres::PgListener::connect_with(&session).await?;
-            listener.listen(channel).await?;
-            Ok::<_, sqlx::Error>(listener)
-        };
-        match connected.await {
-            Ok(mut listener) => {
-                pause = Duration::from_millis(100);
-                heard(Heard::Listening);
-                loop {
-                    tokio::select! {
-                        received = listener.try_recv() => match received {
-                            Ok(Some(notification)) => heard(Heard::Notified(notification.payload())),
-                            Ok(None) => {
-                                tracing::warn!(channel, "listener connection lost; reconnecting");
-                                heard(Heard::Lost);
-                                break;
-                            }
-                            Err(e) => {
-                                tracing::warn!(channel, error = %e, "listener failed; retrying");
-                                heard(Heard::Lost);
-                                break;
-                            }
-                        },
-                        _ = shutdown.cancelled() => return,
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(channel, error = %e, "cannot LISTEN; retrying"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        pause = (pause * 2).min(Duration::from_secs(10));
-    }
-}
-
-/// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` needs).
+/// A session of its own on `ORDERD_DATABASE_DIRECT_URL` (what `LISTEN` and session
+/// locks need), with the server's side of a vanished client bounded (see
+/// [`SERVER_KEEPALIVES`]).
 pub fn direct_options(config: &DbConfig) -> anyhow::Result<PgConnectOptions> {
-    connect_options(&config.direct_url)
+    Ok(connect_options(&config.direct_url)?.options(SERVER_KEEPALIVES))
+}
+
+/// Where this process listens, and how long it trusts what it hears
+/// (`ORDERD_LISTEN_BOUND_MS`).
+pub fn listen_on(config: &DbConfig) -> anyhow::Result<ListenOn> {
+    Ok(ListenOn {
+        options: direct_options(config)?,
+        bound: config.listen_bound,
+    })
 }
 
 /// One connection, or a one-line error naming `variable` and what to check.

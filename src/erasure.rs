@@ -18,12 +18,11 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use sqlx::postgres::PgConnectOptions;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    db::{self, Db, Sql},
+    db::{self, Db, ListenOn, Liveness, Sql},
     tenant::TenantId,
 };
 
@@ -90,23 +89,34 @@ impl Erasures {
 }
 
 /// Keeps `erasures` as the table says until `shutdown`: reloads it on every
-/// notification, and whenever one may have been missed. `changed` runs after each
-/// reload (the replay cache is emptied there: an erased tenant's stored answers must not
-/// outlive its records).
+/// notification, whenever one may have been missed (the session (re)established or
+/// lost, or silent past its bound: `liveness` records its round trips), and every
+/// quarter of the bound while the session is not trusted. `changed` runs
+/// as soon as anything is heard, in the order the session heard it and before the
+/// reload (the replay cache is emptied there: once a process has heard a mark, none of
+/// the tenant's answers is replayed from memory; while the mark stands the tenant's
+/// requests are refused before the cache, and the mark's end empties it again).
 pub async fn follow(
     erasures: Arc<Erasures>,
     db: Db,
-    listen_on: PgConnectOptions,
+    listen_on: ListenOn,
+    liveness: Arc<Liveness>,
     changed: impl Fn() + Send + 'static,
     shutdown: CancellationToken,
 ) {
+    // While the session is not trusted, the table is read again every beat: a mark's
+    // end that went unheard must not keep refusing the tenant until the session is back.
+    let (beat, heard_from) = (liveness.bound() / 4, liveness.clone());
     let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
     let listening = tokio::spawn(db::listen(
         listen_on,
         CHANNEL,
+        liveness,
         move |_| {
-            // Whatever was heard (a change, or a session (re)established or lost): one
-            // reload covers any number of them before it.
+            // Whatever was heard (a change, or a session (re)established or lost): the
+            // cache goes at once, in the order the session heard it, and one reload
+            // covers any number of them before it.
+            changed();
             let _ = wake.try_send(());
         },
         shutdown.clone(),
@@ -122,7 +132,6 @@ pub async fn follow(
                     match erasures.reload(&db).await {
                         Ok(tenants) => {
                             tracing::info!(erasing = tenants.len(), "tenants being erased reloaded");
-                            changed();
                             break;
                         }
                         Err(e) => {
@@ -134,6 +143,11 @@ pub async fn follow(
                             pause = (pause * 2).min(std::time::Duration::from_secs(5));
                         }
                     }
+                }
+            }
+            _ = tokio::time::sleep(beat), if !heard_from.fresh(std::time::Instant::now()) => {
+                if let Err(e) = erasures.reload(&db).await {
+                    tracing::debug!(error = %e, "cannot read the tenants being erased");
                 }
             }
             _ = shutdown.cancelled() => break,

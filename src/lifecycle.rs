@@ -123,6 +123,11 @@ pub struct ErasePlan {
     /// The longest claim a relay holds on an event (`outbox::relay::claim_lease`): how
     /// long after an event is deleted a relay may still publish it.
     pub relay_lease: Duration,
+    /// How long a process trusts what it heard without hearing from its listening
+    /// session again (`ORDERD_LISTEN_BOUND_MS`): the erasure returns no sooner than
+    /// this after its mark committed, so that no process still replays the tenant's
+    /// answers from memory, deaf or not.
+    pub heard_within: Duration,
 }
 
 /// Walks over the tables that find rows still left before an erasure gives up: rows
@@ -141,7 +146,9 @@ const MAX_PASSES: u32 = 20;
 ///    finds no row of the tenant in any of them;
 /// 4. waits until no relay can still be publishing an event it deleted (their claims'
 ///    leases, on the database's clock);
-/// 5. ends the mark.
+/// 5. ends the mark, and returns once `plan.heard_within` has passed since the mark
+///    committed: every process has then either heard the mark (and emptied its replay
+///    cache) or stopped trusting its cache.
 ///
 /// Killed at any point, it has deleted whole batches only and the mark stands (the
 /// tenant stays refused): run it again and it resumes. Publishes nothing.
@@ -154,6 +161,7 @@ pub async fn erase(
     let started = Instant::now();
     db.run(async |c| erasure::mark(c, tenant, &plan.actor).await)
         .await?;
+    let marked = tokio::time::Instant::now();
     wait_for_running_transactions(db).await?;
     let deleting = Instant::now();
     let rate = plan.rows_per_sec.map(|r| f64::from(r.get()));
@@ -253,6 +261,7 @@ pub async fn erase(
         "rows of tenant {tenant} appeared after the erasure; the tenant stays refused"
     );
     db.run(async |c| erasure::unmark(c, tenant).await).await?;
+    tokio::time::sleep_until(marked + plan.heard_within).await;
     erased.seconds = started.elapsed().as_secs_f64();
     Ok(erased)
 }

@@ -17,7 +17,7 @@ use crate::{
     api::{self, server::Limits},
     auth::{self, Verifier},
     config::bind_address,
-    db::{self, Db},
+    db::{self, Db, Liveness},
     erasure::{self, Erasures},
     idempotency::{self, Guard},
     metrics,
@@ -171,23 +171,31 @@ impl Application {
             erasures.clone(),
         )
         .waking(waker);
+        // No answer is replayed from memory unless both sessions that could say it must
+        // not be (a forgetting, an erasure) were heard from within the bound.
+        let listen_on = db::listen_on(&self.config.db)?;
+        let (forgettings, erasings) = (
+            Liveness::new(listen_on.bound),
+            Liveness::new(listen_on.bound),
+        );
+        guard_cache.depend_on(forgettings.clone());
+        guard_cache.depend_on(erasings.clone());
         {
-            // No answer is replayed from memory before this process hears forgettings.
             let cache = guard_cache.clone();
-            cache.suspend();
             let endpoints = service::Endpoint::ALL.iter().map(|e| e.as_str()).collect();
-            let listen_on = db::direct_options(&self.config.db)?;
+            let listen_on = listen_on.clone();
             supervisor.spawn("forgotten idempotency keys", move |token| {
-                idempotency::operator::follow(cache, endpoints, listen_on, token)
+                idempotency::operator::follow(cache, endpoints, listen_on, forgettings, token)
             });
         }
         {
-            let (db, listen_on) = (self.db.clone(), db::direct_options(&self.config.db)?);
+            let db = self.db.clone();
             supervisor.spawn("tenant erasures", move |token| {
                 erasure::follow(
                     erasures,
                     db,
                     listen_on,
+                    erasings,
                     move || guard.forget_cached_replays(),
                     token,
                 )
@@ -201,7 +209,7 @@ impl Application {
         {
             let relay = Relay::new(
                 relay_db,
-                db::direct_options(&self.config.db)?,
+                db::listen_on(&self.config.db)?,
                 publisher,
                 self.config.outbox.clone(),
             );
@@ -233,9 +241,9 @@ impl Application {
                 api::Probes::Live,
             );
         }
-        // Serving starts once forgettings are heard (the replay cache answers from
-        // then on), or after a few seconds without: the cache then stays suspended
-        // until the session comes.
+        // Serving starts once forgettings and erasures are heard (the replay cache
+        // answers from then on), or after a few seconds without: the cache then stays
+        // off until the sessions are heard from.
         if !guard_cache.live_within(db::ACQUIRE_TIMEOUT).await {
             tracing::warn!(
                 "cannot hear forgotten idempotency keys yet; replays come from the database until then"
@@ -292,7 +300,7 @@ pub async fn run_relay(
     }
     let relay = Relay::new(
         db.clone(),
-        db::direct_options(&config.db)?,
+        db::listen_on(&config.db)?,
         publisher,
         config.outbox.clone(),
     );

@@ -26,17 +26,20 @@
 //! - **An operator's forgetting.** A record deleted by `orderd idempotency forget` (or
 //!   by a tenant's erasure) must not be replayed from memory afterwards. Whoever
 //!   deletes notifies every process; each drops the key ([`ReplayCache::forget`]) or
-//!   everything ([`ReplayCache::clear`]). While a process cannot hear those
-//!   notifications (its listening session is down) its cache is suspended: it neither
-//!   answers nor keeps anything, and it starts empty once it hears again. A read that
-//!   was already under way when a key was forgotten would put the old answer back
-//!   after the forgetting: every forgetting moves an epoch on, and an entry made from
-//!   a read that began in an earlier epoch is not kept.
+//!   everything ([`ReplayCache::clear`]). The cache answers and keeps entries only
+//!   while every listening session it depends on ([`ReplayCache::depend_on`]) was heard
+//!   from within its bound (`db::Liveness`): a session that went down, or silent
+//!   without a word, stops the cache within the bound, which is also how long a
+//!   forgetting waits after its commit before it reports success. A session that comes
+//!   back empties the cache first. A read that was already under way when a key was
+//!   forgotten would put the old answer back after the forgetting: every forgetting
+//!   moves an epoch on, and an entry made from a read that began in an earlier epoch is
+//!   not kept.
 
 use std::{
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering::SeqCst},
     },
     time::{Duration, Instant},
 };
@@ -46,6 +49,7 @@ use moka::{Expiry, sync::Cache};
 use uuid::Uuid;
 
 use super::{Fingerprint, record::StoredResponse, store::Scope};
+use crate::db::Liveness;
 
 /// What an entry costs beyond its variable parts: the key and value structs, the
 /// `Arc`, the allocator's headers and its fragmentation, and moka's own bookkeeping
@@ -117,10 +121,20 @@ struct Freshness {
     /// Moved on by every forgetting: an entry is kept only when no forgetting happened
     /// since the read it was made from began.
     epoch: AtomicU64,
-    /// False while the process cannot hear forgettings.
-    live: AtomicBool,
-    /// Woken whenever the cache is resumed.
-    resumed: tokio::sync::Notify,
+    /// The listening sessions whose news the cache must have heard: it answers and
+    /// keeps entries only while each was heard from within its bound. None: the cache
+    /// depends on nothing it could miss (a process without listeners, tests).
+    sources: RwLock<Vec<Arc<Liveness>>>,
+}
+
+impl Freshness {
+    fn trusted(&self, now: Instant) -> bool {
+        self.sources
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .all(|source| source.fresh(now))
+    }
 }
 
 /// When a read for the cache began: its monotonic instant and the cache's epoch.
@@ -151,8 +165,7 @@ impl ReplayCache {
             entries,
             freshness: Arc::new(Freshness {
                 epoch: AtomicU64::new(0),
-                live: AtomicBool::new(true),
-                resumed: tokio::sync::Notify::new(),
+                sources: RwLock::new(Vec::new()),
             }),
         }
     }
@@ -170,7 +183,7 @@ impl ReplayCache {
         let Some(entries) = &self.entries else {
             return Lookup::Miss;
         };
-        if !self.freshness.live.load(SeqCst) {
+        if !self.freshness.trusted(now) {
             return Lookup::Miss;
         }
         let key = Key::of(scope);
@@ -190,7 +203,8 @@ impl ReplayCache {
 
     /// Remembers a completed record that expires at `expires_at`: `remaining` is its
     /// lifetime as the database saw it, `read` when the statement that saw it was sent.
-    /// Nothing is kept when a key was forgotten since (or the cache is suspended).
+    /// Nothing is kept when a key was forgotten since (or a session it depends on is
+    /// not trusted).
     pub fn remember(
         &self,
         scope: &Scope,
@@ -223,9 +237,10 @@ impl ReplayCache {
         }
     }
 
-    /// Whether no forgetting happened since `read` began, and the cache is live.
+    /// Whether no forgetting happened since `read` began, and every session the cache
+    /// depends on is trusted.
     fn current(&self, read: ReadStart) -> bool {
-        self.freshness.live.load(SeqCst) && self.freshness.epoch.load(SeqCst) == read.epoch
+        self.freshness.trusted(Instant::now()) && self.freshness.epoch.load(SeqCst) == read.epoch
     }
 
     /// Drops what is known of `scope`: its record was deleted.
@@ -244,30 +259,34 @@ impl ReplayCache {
         }
     }
 
-    /// Neither answers nor keeps anything until [`ReplayCache::resume`]: forgettings
-    /// cannot be heard meanwhile.
-    pub fn suspend(&self) {
-        self.freshness.live.store(false, SeqCst);
+    /// From now on, answers and keeps entries only while `source` was heard from
+    /// within its bound; starts empty.
+    pub fn depend_on(&self, source: Arc<Liveness>) {
+        self.freshness
+            .sources
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(source);
         self.clear();
     }
 
-    /// Starts again, empty: forgettings are heard again, and any made meanwhile are
-    /// covered by starting from nothing.
-    pub fn resume(&self) {
-        self.clear();
-        self.freshness.live.store(true, SeqCst);
-        self.freshness.resumed.notify_waiters();
-    }
-
-    /// Waits until the cache is live (heard to be), or `within` passed; says which.
+    /// Waits until every session the cache depends on is trusted, or `within` passed;
+    /// says which.
     pub async fn live_within(&self, within: Duration) -> bool {
-        let resumed = self.freshness.resumed.notified();
-        tokio::pin!(resumed);
-        resumed.as_mut().enable();
-        if self.freshness.live.load(SeqCst) {
-            return true;
+        let deadline = tokio::time::Instant::now() + within;
+        let sources = self
+            .freshness
+            .sources
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for source in sources {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !source.fresh_within(left).await {
+                return false;
+            }
         }
-        tokio::time::timeout(within, resumed).await.is_ok() || self.freshness.live.load(SeqCst)
+        true
     }
 
     /// Bytes held now, by the weigher's account (pending maintenance run first).
@@ -461,22 +480,31 @@ mod tests {
     }
 
     #[test]
-    fn a_suspended_cache_neither_answers_nor_keeps_and_resumes_empty() {
+    fn a_cache_answers_only_while_its_listener_was_heard_within_the_bound() {
         let cache = ReplayCache::new(1 << 20);
         let t0 = Instant::now();
         remember(&cache, "{}", t0, 60);
         let begun = read(&cache, t0);
-        cache.suspend();
-        assert!(!replays(&cache));
+        let listener = Liveness::new(Duration::from_secs(3));
+        cache.depend_on(listener.clone());
+        assert!(!replays(&cache), "starts empty, and nothing heard yet");
         remember_read(&cache, read(&cache, t0));
-        assert!(!replays(&cache), "nothing kept while suspended");
+        assert!(!replays(&cache), "nothing kept while not heard");
 
-        cache.resume();
-        assert!(!replays(&cache), "starts empty");
-        // A read from before the resumption is not kept either.
+        listener.heard(Instant::now());
+        // A read from before the dependency is not kept.
         remember_read(&cache, begun);
         assert!(!replays(&cache));
         remember_read(&cache, read(&cache, t0));
         assert!(replays(&cache));
+        // Silent past the bound: no answer, though the entry is still there.
+        let later = Instant::now() + Duration::from_secs(3);
+        assert_eq!(
+            cache.lookup(&scope(1, KEY), &A, later),
+            Lookup::Miss,
+            "untrusted once the bound has passed"
+        );
+        listener.lost();
+        assert!(!replays(&cache));
     }
 }

@@ -303,9 +303,16 @@ impl Guard {
                 self.db.run(async |c| store::read(c, scope).await).await?
             } else {
                 let mut conn = self.db.conn().await?;
-                let found =
-                    store::claim_or_read(&mut conn.sql(), scope, fingerprint, owner, lease_ms)
-                        .await?;
+                let found = self
+                    .db
+                    .within(store::claim_or_read(
+                        &mut conn.sql(),
+                        scope,
+                        fingerprint,
+                        owner,
+                        lease_ms,
+                    ))
+                    .await?;
                 let conn = if conn.autocommits() {
                     Some(conn)
                 } else {
@@ -435,16 +442,20 @@ impl Guard {
             }
             None => self.db.begin().await?,
         };
-        let response = operation(tx.sql(), fence.at)
+        self.db
+            .within(async {
+                let response = operation(tx.sql(), fence.at)
+                    .await
+                    .map_err(GuardError::Operation)?;
+                if !store::complete(&mut tx.sql(), &fence, &response).await? {
+                    // Dropping `tx` rolls back everything this request wrote.
+                    drop(tx);
+                    return Err(self.lease_lost(fence.scope).await);
+                }
+                tx.commit().await?;
+                Ok(response)
+            })
             .await
-            .map_err(GuardError::Operation)?;
-        if !store::complete(&mut tx.sql(), &fence, &response).await? {
-            // Dropping `tx` rolls back everything this request wrote.
-            drop(tx);
-            return Err(self.lease_lost(fence.scope).await);
-        }
-        tx.commit().await?;
-        Ok(response)
     }
 
     /// Runs a one-statement operation (see [`Guard::run_in_one_statement`]), on the
@@ -462,17 +473,21 @@ impl Guard {
             Some(conn) => conn,
             None => self.db.conn().await?,
         };
-        let written = operation(conn.sql(), fence)
+        self.db
+            .within(async {
+                let written = operation(conn.sql(), fence)
+                    .await
+                    .map_err(GuardError::Operation)?;
+                let Some(response) = written else {
+                    // The statement wrote nothing (behind a pooler, dropping `conn` also
+                    // rolls its transaction back).
+                    drop(conn);
+                    return Err(self.lease_lost(fence.scope).await);
+                };
+                conn.done().await?;
+                Ok(response)
+            })
             .await
-            .map_err(GuardError::Operation)?;
-        let Some(response) = written else {
-            // The statement wrote nothing (behind a pooler, dropping `conn` also rolls
-            // its transaction back).
-            drop(conn);
-            return Err(self.lease_lost(fence.scope).await);
-        };
-        conn.done().await?;
-        Ok(response)
     }
 
     /// The stored body of `scope`'s record, opened. A body that does not open is never

@@ -17,13 +17,16 @@
 //!
 //! The delete and a notification on [`CHANNEL`] commit together. Every `serve` process
 //! listens ([`follow`]): on the notification it drops the key from its replay cache;
-//! while its listening session is down its cache is suspended, and it starts empty when
-//! the session is back (see `cache`), so a notification it missed cannot leave the
-//! forgotten answer in memory.
+//! its cache answers only while the listening session was heard from within
+//! `ORDERD_LISTEN_BOUND_MS` and starts empty when the session is back (see `cache` and
+//! `db::listen`), and a forgetting returns only once that bound has passed since its
+//! commit, so a notification a process missed, or has not heard yet because its
+//! session went silent, cannot leave the forgotten answer in memory.
+
+use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgConnectOptions;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -35,7 +38,7 @@ use super::{
     store::{self, binding},
 };
 use crate::{
-    db::{self, Db, Heard, Sql},
+    db::{self, Db, Heard, ListenOn, Liveness, Sql},
     metrics,
     tenant::TenantId,
 };
@@ -234,9 +237,17 @@ pub struct Forgotten {
 }
 
 /// Deletes `scope`'s record when [`may_forget`] allows it, and tells every process;
-/// returns the record as it was. `actor` is logged with what was forgotten (never
-/// the body).
-pub async fn forget(db: &Db, scope: &Scope, force: bool, actor: &str) -> Result<Shown, Refused> {
+/// returns the record as it was, once `heard_within` (`ORDERD_LISTEN_BOUND_MS`) has
+/// passed since the commit: by then every process has heard the forgetting or stopped
+/// trusting its replay cache, even one whose listening session went silent. `actor`
+/// is logged with what was forgotten (never the body).
+pub async fn forget(
+    db: &Db,
+    scope: &Scope,
+    force: bool,
+    actor: &str,
+    heard_within: Duration,
+) -> Result<Shown, Refused> {
     let mut tx = db.begin().await?;
     let mut sql = tx.sql();
     let record = read(&mut sql, scope, true, None).await?;
@@ -255,6 +266,7 @@ pub async fn forget(db: &Db, scope: &Scope, force: bool, actor: &str) -> Result<
     .expect("a key serialises");
     sql.query(NOTIFY).bind(payload).execute(sql.conn()).await?;
     tx.commit().await?;
+    let committed = tokio::time::Instant::now();
     tracing::info!(
         actor,
         tenant = %scope.tenant.0,
@@ -266,30 +278,30 @@ pub async fn forget(db: &Db, scope: &Scope, force: bool, actor: &str) -> Result<
         forced = force,
         "idempotency record forgotten"
     );
+    tokio::time::sleep_until(committed + heard_within).await;
     Ok(record)
 }
 
 /// Keeps `cache` true to the database's forgettings until `shutdown`: drops a key when
-/// its record is forgotten, suspends the cache while the listening session is down and
-/// starts it empty when the session is back. `endpoints` are the operations' names,
-/// which a notification's endpoint must be one of (anything else empties the cache:
-/// a notification that cannot be read is not ignored).
+/// its record is forgotten, and empties the cache whenever the listening session is
+/// (re)established or lost; `liveness` (which the cache depends on) records each round
+/// trip of the session. `endpoints` are the operations' names, which a notification's
+/// endpoint must be one of (anything else empties the cache: a notification that
+/// cannot be read is not ignored).
 pub async fn follow(
     cache: ReplayCache,
     endpoints: Vec<&'static str>,
-    listen_on: PgConnectOptions,
+    listen_on: ListenOn,
+    liveness: Arc<Liveness>,
     shutdown: CancellationToken,
 ) {
     db::listen(
         listen_on,
         CHANNEL,
+        liveness,
         |heard| match heard {
-            Heard::Listening => {
-                cache.resume();
-                metrics::replay_cache_dropped(true);
-            }
-            Heard::Lost => {
-                cache.suspend();
+            Heard::Listening | Heard::Lost => {
+                cache.clear();
                 metrics::replay_cache_dropped(true);
             }
             Heard::Notified(payload) => match scope_of(payload, &endpoints) {

@@ -15,7 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -31,7 +30,7 @@ use super::{
     wake,
 };
 use crate::{
-    db::{Db, Heard, Sql},
+    db::{Db, Heard, ListenOn, Liveness, Sql},
     metrics, telemetry,
     trace_context::TraceContext,
 };
@@ -65,7 +64,7 @@ pub struct Round {
 pub struct Relay {
     db: Db,
     /// A session of its own for `LISTEN` (not through a transaction pooler).
-    listen_on: PgConnectOptions,
+    listen_on: ListenOn,
     publisher: Arc<dyn Publisher>,
     config: OutboxConfig,
     backoff: Backoff,
@@ -89,7 +88,7 @@ impl Relay {
     /// A relay on `db`, listening for commits on a session opened with `listen_on`.
     pub fn new(
         db: Db,
-        listen_on: PgConnectOptions,
+        listen_on: impl Into<ListenOn>,
         publisher: Arc<dyn Publisher>,
         config: OutboxConfig,
     ) -> Self {
@@ -99,7 +98,7 @@ impl Relay {
         };
         Self {
             db,
-            listen_on,
+            listen_on: listen_on.into(),
             publisher,
             config,
             backoff,
@@ -552,14 +551,16 @@ pub fn claim_lease(publish_timeout: Duration) -> Duration {
 /// regained wakes the relay too and has it look at the table, since notifications in
 /// between may be lost.
 async fn listen(
-    listen_on: PgConnectOptions,
+    listen_on: ListenOn,
     wake: Arc<Notify>,
     known: Arc<KnownTenants>,
     shutdown: CancellationToken,
 ) {
+    let liveness = Liveness::new(listen_on.bound);
     crate::db::listen(
         listen_on,
         CHANNEL,
+        liveness,
         |heard| {
             match heard {
                 Heard::Notified(payload) => known.name(wake::tenants_of(payload)),

@@ -9,6 +9,8 @@ mod api;
 /// The database underneath: pools, query plans, timeouts, crashes, several processes,
 /// purges.
 mod database;
+/// Faults that fail quietly: silent networks.
+mod faults;
 /// The idempotency guarantees: keys, races, the replay cache.
 mod idempotency;
 /// Operators' tools: the command line, reconciliation, metrics and traces.

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::{
     Reply, ServeProcess, TestDb, create_fingerprint, new_key, order_body, post_order,
-    proxy::{Mode, Proxy},
+    proxy::{Mode, in_front_of_db},
     sample,
 };
 
@@ -207,21 +207,11 @@ async fn a_forgotten_key_runs_afresh_in_every_process_whose_cache_held_it() {
     );
 }
 
-/// `url` with its `host:port` replaced by `address`.
-fn through(url: &str, address: std::net::SocketAddr) -> String {
-    let (scheme_user, rest) = url.split_once('@').expect("a URL with a user");
-    let (_, path) = rest.split_once('/').expect("a URL with a database");
-    format!("{scheme_user}@{address}/{path}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_cannot_hear_forgettings_replays_nothing_from_memory() {
     let db = TestDb::new().await;
     // The listening session goes through a proxy the test can cut; requests do not.
-    let (_, rest) = db.url.split_once('@').unwrap();
-    let upstream: std::net::SocketAddr = rest.split_once('/').unwrap().0.parse().unwrap();
-    let proxy = Proxy::start(upstream).await;
-    let direct = through(&db.url, proxy.address);
+    let (proxy, direct) = in_front_of_db(&db.url).await;
     let serve = ServeProcess::start(&db, &[("ORDERD_DATABASE_DIRECT_URL", direct)]);
     let heard = drops_reach(&serve, "all", LISTENING).await;
     let token = serve.token(Uuid::new_v4());

@@ -379,6 +379,17 @@ async fn a_relay_process_is_ready_while_its_broker_answers_and_will_not_start_wi
             "queue.buffering.backpressure.threshold=1",
             "queue.buffering.backpressure.threshold",
         ),
+        // A size limit every record could fail locally would turn the backlog DEAD.
+        ("message.max.bytes=1000", "message.max.bytes"),
+        // Switches that turn TLS verification off, whatever else is accepted.
+        (
+            "security.protocol=ssl,enable.ssl.certificate.verification=false",
+            "enable.ssl.certificate.verification",
+        ),
+        (
+            "ssl.endpoint.identification.algorithm=none",
+            "ssl.endpoint.identification.algorithm",
+        ),
     ] {
         let stderr = refused(&[("ORDERD_KAFKA_CONFIG", property)]);
         assert!(

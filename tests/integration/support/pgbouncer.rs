@@ -1,6 +1,9 @@
 //! Debian's PgBouncer in transaction pooling mode, in front of the test server, shared by
 //! the tests of this binary: started once, on a free port, as the `postgres` user when
-//! the tests run as root (PgBouncer refuses root).
+//! the tests run as root (PgBouncer refuses root). Strict: it resets a server
+//! connection (`DISCARD ALL`) after every transaction, so anything orderd leaves on a
+//! server between two transactions (a prepared statement, a setting) is gone, as
+//! behind a pooler configured that way in production.
 
 use std::{
     net::TcpListener,
@@ -52,6 +55,7 @@ fn start() -> String {
          [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
          auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = transaction\n\
          default_pool_size = 20\nmax_client_conn = 2000\n\
+         server_reset_query = DISCARD ALL\nserver_reset_query_always = 1\n\
          ignore_startup_parameters = extra_float_digits\nlogfile = {dir}/pgbouncer.log\n",
         host = server.get_host(),
         server_port = server.get_port(),

@@ -1,6 +1,9 @@
-//! A TCP proxy between orderd and the SNS endpoint that a test can switch: forward,
-//! refuse (SNS "down": every connection cut at once), or hold responses (SNS received
-//! and processed the request, but the answer does not reach orderd yet).
+//! A TCP proxy between orderd and a server it talks to (SNS, PostgreSQL) that a test can
+//! switch: forward, refuse (the server "down": every connection cut at once), hold
+//! responses (the server received and processed the request, but the answer does not
+//! reach orderd yet), or go silent (packets dropped by a firewall that forgot the flow:
+//! nothing passes either way, no connection is closed, a new one never completes;
+//! once healed, what was held goes through, as TCP's retransmissions would).
 
 use std::net::SocketAddr;
 
@@ -15,6 +18,18 @@ pub enum Mode {
     Forward,
     Refuse,
     HoldResponses,
+    Silent,
+}
+
+/// Waits while `mode` is one of `held`; says whether the connection may go on (not
+/// refused, and the proxy still there).
+async fn pass(mode: &mut watch::Receiver<Mode>, held: &[Mode]) -> bool {
+    while held.contains(&*mode.borrow_and_update()) {
+        if mode.changed().await.is_err() {
+            return false;
+        }
+    }
+    *mode.borrow() != Mode::Refuse
 }
 
 pub struct Proxy {
@@ -57,19 +72,25 @@ impl Drop for Proxy {
 }
 
 async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
-    if *mode.borrow() == Mode::Refuse {
-        return; // dropping the socket closes it
+    // A connection made while silent hangs until healed (or refused: dropping the
+    // socket closes it).
+    if !pass(&mut mode, &[Mode::Silent]).await {
+        return;
     }
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    let mut sending = mode.clone();
     let requests = async {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             match client_read.read(&mut buf).await {
                 Ok(n) if n > 0 => {
+                    if !pass(&mut sending, &[Mode::Silent]).await {
+                        return;
+                    }
                     if server_write.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
@@ -83,11 +104,8 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let n = server_read.read(&mut buf).await.ok().filter(|&n| n > 0)?;
-            // While holding, the answer waits here; a switch to Refuse drops it.
-            while *watcher.borrow() == Mode::HoldResponses {
-                watcher.changed().await.ok()?;
-            }
-            if *watcher.borrow() == Mode::Refuse {
+            // While holding or silent, the answer waits here; a switch to Refuse drops it.
+            if !pass(&mut watcher, &[Mode::HoldResponses, Mode::Silent]).await {
                 return None::<()>;
             }
             client_write.write_all(&buf[..n]).await.ok()?;
@@ -108,4 +126,15 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
         _ = responses => {}
         _ = refused => {}
     }
+}
+
+/// A proxy in front of the PostgreSQL server of `url` (a test database's URL), and the
+/// same URL through it.
+pub async fn in_front_of_db(url: &str) -> (Proxy, String) {
+    let (scheme_user, rest) = url.split_once('@').expect("a URL with a user");
+    let (address, path) = rest.split_once('/').expect("a URL with a database");
+    let upstream: SocketAddr = address.parse().expect("a database at an IP address");
+    let proxy = Proxy::start(upstream).await;
+    let through = format!("{scheme_user}@{}/{path}", proxy.address);
+    (proxy, through)
 }

@@ -100,6 +100,28 @@ pub const KAFKA_OWNED_PROPERTIES: &[(&str, &str)] = &[
         "max.in.flight.requests.per.connection",
         "the idempotent producer keeps an order's records in order at 5 in flight",
     ),
+    (
+        "message.max.bytes",
+        "a record over a lower limit fails in the client and counts against its event, so a \
+         misconfiguration would turn the backlog DEAD; orderd keeps librdkafka's 1,000,000 \
+         bytes, far above any event it writes",
+    ),
+];
+
+/// Switches whose value may turn TLS verification off: `(name, refused values, why)`.
+/// Other values of them are accepted (an operator may well set them to what they
+/// already are).
+pub const KAFKA_WEAKENING_VALUES: &[(&str, &[&str], &str)] = &[
+    (
+        "enable.ssl.certificate.verification",
+        &["false", "0", "off", "no"],
+        "it turns off the verification of the broker's certificate",
+    ),
+    (
+        "ssl.endpoint.identification.algorithm",
+        &["none", ""],
+        "it turns off the check that the broker's certificate names the broker",
+    ),
 ];
 
 /// What `ORDERD_KAFKA_CONFIG` accepts: properties that cannot weaken delivery or move an
@@ -131,7 +153,6 @@ pub const KAFKA_ALLOWED_PROPERTIES: &[&str] = &[
     "batch.size",
     "queue.buffering.max.messages",
     "queue.buffering.max.kbytes",
-    "message.max.bytes",
     // Connections (no timeouts: the claim lease is derived from the publish timeout).
     "socket.keepalive.enable",
     "socket.nagle.disable",
@@ -173,6 +194,16 @@ pub fn kafka_property_refusal(name: &str) -> Option<String> {
     })
 }
 
+/// Why `name=value` may not be set, for a switch whose value turns TLS verification
+/// off ([`KAFKA_WEAKENING_VALUES`]); `None` otherwise.
+pub fn kafka_value_refusal(name: &str, value: &str) -> Option<&'static str> {
+    let value = value.trim().to_ascii_lowercase();
+    KAFKA_WEAKENING_VALUES
+        .iter()
+        .find(|(switch, refused, _)| *switch == name && refused.contains(&value.as_str()))
+        .map(|(_, _, why)| *why)
+}
+
 /// The largest `max.in.flight.requests.per.connection` an idempotent producer keeps
 /// its order with.
 pub const KAFKA_MAX_IN_FLIGHT: u32 = 5;
@@ -210,6 +241,12 @@ fn parse_properties(env: &Env<'_>, s: &Setting) -> Result<Vec<(String, Secret)>,
         if let Some(why) = kafka_property_refusal(name) {
             return Err(ConfigError::new(format!(
                 "{} may not set `{name}`: {why}",
+                s.name
+            )));
+        }
+        if let Some(why) = kafka_value_refusal(name, value) {
+            return Err(ConfigError::new(format!(
+                "{} may not set `{name}` to `{value}`: {why}",
                 s.name
             )));
         }

@@ -1,0 +1,120 @@
+//! PostgreSQL goes silent: every packet between orderd and the server is dropped, and
+//! nothing closes. Each request still answers, 503 `service-unavailable` with
+//! `Retry-After`, within the statement timeout and the pool's wait (orderd keeps a
+//! deadline of its own on every database call); once the network heals, the retries
+//! succeed and no key makes a second order.
+
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use crate::support::{
+    Reply, TestDb, new_key, order_body,
+    proxy::{Mode, in_front_of_db},
+    spawn_app_on,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doubles_after() {
+    let db = TestDb::new().await;
+    let (proxy, through) = in_front_of_db(&db.url).await;
+    let app = spawn_app_on(
+        db,
+        &[
+            ("DATABASE_URL", &through),
+            ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "1000"),
+            ("ORDERD_LEASE_SECS", "2"),
+        ],
+    )
+    .await;
+    let token = app.token(Uuid::new_v4());
+    for i in 0..4 {
+        let warm = app
+            .create(&token, &new_key(), &order_body(&format!("WARM-{i}"), 1))
+            .await;
+        assert_eq!(warm.status, 201);
+    }
+
+    proxy.set(Mode::Silent);
+    let keys: Vec<String> = (0..8).map(|_| new_key()).collect();
+    // A client of its own whose timeout is far past any bound orderd keeps: what it
+    // catches is a request left hanging, not a slow one.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let attempts = keys.iter().map(|key| {
+        let (client, base, token, key) =
+            (client.clone(), app.base.clone(), token.clone(), key.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let sent = client
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth(token)
+                .header("Idempotency-Key", key)
+                .json(&order_body("SILENT-1", 1))
+                .send()
+                .await;
+            let reply = match sent {
+                Ok(response) => Some(Reply::read(response).await),
+                Err(_) => None,
+            };
+            (reply, started.elapsed())
+        })
+    });
+    let mut took = Vec::new();
+    for attempt in attempts {
+        let (reply, elapsed) = attempt.await.unwrap();
+        let reply = reply.expect("a request left hanging on a silent database");
+        reply.assert_problem(503, "service-unavailable");
+        assert!(reply.header("retry-after").is_some());
+        took.push(elapsed.as_millis());
+    }
+    took.sort_unstable();
+    println!("answers while silent (ms): {took:?}");
+
+    // Healed: what was held goes through, and every retry ends in one order.
+    proxy.set(Mode::Forward);
+    for key in &keys {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let reply = app.create(&token, key, &order_body("SILENT-1", 1)).await;
+            if reply.status == 201 {
+                break;
+            }
+            assert!(
+                matches!(reply.status, 409 | 503) && tries < 100,
+                "{} {}",
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
+            );
+            let wait: u64 = reply
+                .header("retry-after")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            tokio::time::sleep(Duration::from_millis(wait * 1000 / 4)).await;
+        }
+    }
+    let per_key: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT r.idem_key, count(o.id) FROM idempotency_record r
+         LEFT JOIN orders o ON o.tenant_id = r.tenant_id AND o.id = r.resource_id
+         WHERE r.idem_key = ANY($1) GROUP BY r.idem_key",
+    )
+    .bind(&keys)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(per_key.len(), keys.len());
+    assert!(per_key.iter().all(|(_, n)| *n == 1), "{per_key:?}");
+    assert_eq!(
+        app.count("orders").await,
+        12,
+        "one order per key, nothing doubled"
+    );
+    assert_eq!(
+        app.count("outbox_event").await,
+        12,
+        "and one event per order"
+    );
+}
