@@ -35,7 +35,7 @@ pub use self::settings::IdempotencyConfig;
 use self::{
     cache::{Lookup, ReplayCache},
     decide::{Step, decide, retry_after},
-    seal::{ClearRecords, SealError, Sealer},
+    seal::{ClearRecords, OldLayouts, SealError, Sealer},
     store::ClaimOrRead,
 };
 pub use self::{
@@ -156,7 +156,13 @@ impl Guard {
         } else {
             ClearRecords::Serve
         };
-        let sealer = Arc::new(Sealer::new(&config.response_keys, clear));
+        let old_layouts = if config.refuse_old_layouts {
+            OldLayouts::Refuse
+        } else {
+            OldLayouts::Serve
+        };
+        let sealer =
+            Arc::new(Sealer::new(&config.response_keys, clear).with_old_layouts(old_layouts));
         Self {
             db,
             config,
@@ -356,7 +362,13 @@ impl Guard {
                         unreachable!("decide replays completed records only")
                     };
                     response.body = self
-                        .open(scope, &response, sealed_with.as_deref(), seal_version)?
+                        .open(
+                            scope,
+                            &response,
+                            expires_at,
+                            sealed_with.as_deref(),
+                            seal_version,
+                        )?
                         .into();
                     let remaining = (expires_at - record.read_at).to_std().unwrap_or_default();
                     self.cache.remember(
@@ -496,12 +508,13 @@ impl Guard {
         &self,
         scope: &Scope,
         response: &StoredResponse,
+        expires_at: DateTime<Utc>,
         sealed_with: Option<&str>,
         seal_version: Option<i16>,
     ) -> Result<Vec<u8>, GuardError<E>> {
         self.sealer
             .open(
-                store::binding(scope, response),
+                store::binding(scope, response, Some(expires_at)),
                 response.body.to_vec(),
                 sealed_with,
                 seal_version,

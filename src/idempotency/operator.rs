@@ -171,7 +171,7 @@ async fn read(
                 resource: row.resource_id,
             };
             let opened = sealer.open(
-                binding(scope, &response),
+                binding(scope, &response, row.expires_at),
                 stored.clone(),
                 row.response_key_id.as_deref(),
                 row.response_seal_version,

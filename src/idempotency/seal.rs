@@ -11,10 +11,14 @@
 //! copied into another record, or a record whose status or location was changed in the
 //! table, does not open: it answers an error, never a changed answer.
 //!
-//! Versions: 1 bound the scope alone (the first sealing release); 2 binds the whole
-//! answer and is what this release seals with. Both open, so records sealed before
-//! stay readable; `orderd keys rewrap` upgrades them. A version this release does not
-//! know (a newer release's, during a rolling deploy) is an error, never a guess.
+//! Versions: 1 bound the scope alone (the first sealing release); 2 bound the whole
+//! answer but not its expiry; 3 also binds the instant the key expires, which every
+//! replay announces (`Idempotency-Key-Expires`), and is what this release seals with.
+//! All three open, so records sealed before stay readable, unless the operator refuses
+//! the older layouts ([`OldLayouts::Refuse`], once `orderd keys rewrap` has moved every
+//! record to the current one): a record in a layout that binds less could have had
+//! what it does not bind changed in the table. A version this release does not know (a
+//! newer release's, during a rolling deploy) is an error, never a guess.
 //!
 //! A body stored in clear (no key id) is served as it is unless the operator refuses
 //! clear records ([`ClearRecords::Refuse`], once a rewrap has sealed them all): then a
@@ -22,13 +26,14 @@
 //! error too.
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, NONCE_LEN, Nonce, RandomizedNonceKey};
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::config::ConfigError;
 use std::fmt;
 
 /// The layout of associated data new records are sealed with.
-pub const SEAL_VERSION: i16 = 2;
+pub const SEAL_VERSION: i16 = 3;
 
 /// What a body is sealed to: its record, and the rest of the answer stored with it.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +45,8 @@ pub struct Binding<'a> {
     pub location: Option<&'a str>,
     pub content_type: Option<&'a str>,
     pub resource: Option<Uuid>,
+    /// When the key is forgotten, as stored and announced with every replay.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// One key of `ORDERD_RESPONSE_KEYS`: its id, stored beside what it sealed, and its 32
@@ -140,11 +147,22 @@ pub enum ClearRecords {
     Refuse,
 }
 
+/// What a replay does with a body sealed in a layout older than [`SEAL_VERSION`],
+/// which binds less of the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OldLayouts {
+    /// Open it (records sealed before the current layout).
+    Serve,
+    /// Refuse it: every record was rewrapped into the current layout.
+    Refuse,
+}
+
 /// Seals and opens stored responses with the configured keys.
 pub struct Sealer {
     /// In configuration order: the first seals, every one opens.
     keys: Vec<(String, RandomizedNonceKey)>,
     clear: ClearRecords,
+    old_layouts: OldLayouts,
 }
 
 /// A body as it is stored: sealed under `key_id` with the associated data of
@@ -173,6 +191,11 @@ pub enum SealError {
     /// Stored in clear while clear records are refused.
     #[error("the stored response is in clear, and clear records are refused")]
     Clear,
+    /// Sealed with an older layout while older layouts are refused.
+    #[error(
+        "the stored response is sealed with layout {0}, and layouts before {SEAL_VERSION} are refused"
+    )]
+    OldLayout(i16),
     /// The cipher refused to seal (nothing a well-formed body can cause).
     #[error("the response could not be sealed")]
     Seal,
@@ -183,6 +206,7 @@ impl Sealer {
     pub const PLAIN: Sealer = Sealer {
         keys: Vec::new(),
         clear: ClearRecords::Serve,
+        old_layouts: OldLayouts::Serve,
     };
 
     /// The configured keys; they were checked (32 bytes, distinct ids) when the
@@ -198,7 +222,14 @@ impl Sealer {
                 })
                 .collect(),
             clear,
+            old_layouts: OldLayouts::Serve,
         }
+    }
+
+    /// The same keys, with bodies sealed in older layouts served or refused.
+    pub fn with_old_layouts(mut self, old_layouts: OldLayouts) -> Self {
+        self.old_layouts = old_layouts;
+        self
     }
 
     /// The id of the key new records are sealed under, if any.
@@ -208,6 +239,17 @@ impl Sealer {
 
     /// `body` as the record `to` stores it.
     pub fn seal(&self, to: Binding<'_>, body: &[u8]) -> Result<Sealed, SealError> {
+        self.seal_in_layout(to, body, SEAL_VERSION)
+    }
+
+    /// `body` sealed with the associated data of layout `version`: what an earlier
+    /// release stored (tests of what a rewrap and a refusal of older layouts do).
+    pub fn seal_in_layout(
+        &self,
+        to: Binding<'_>,
+        body: &[u8],
+        version: i16,
+    ) -> Result<Sealed, SealError> {
         let Some((id, key)) = self.keys.first() else {
             return Ok(Sealed {
                 bytes: body.to_vec(),
@@ -216,7 +258,7 @@ impl Sealer {
             });
         };
         let mut in_out = body.to_vec();
-        let aad = associated_data(to, SEAL_VERSION)?;
+        let aad = associated_data(to, version)?;
         let nonce = key
             .seal_in_place_append_tag(Aad::from(aad), &mut in_out)
             .map_err(|_| SealError::Seal)?;
@@ -226,7 +268,7 @@ impl Sealer {
         Ok(Sealed {
             bytes,
             key_id: Some(id.clone()),
-            version: Some(SEAL_VERSION),
+            version: Some(version),
         })
     }
 
@@ -248,7 +290,11 @@ impl Sealer {
         let Some((_, key)) = self.keys.iter().find(|(k, _)| k == id) else {
             return Err(SealError::UnknownKey(id.to_string()));
         };
-        let aad = associated_data(of, version.unwrap_or(1))?;
+        let version = version.unwrap_or(1);
+        if version < SEAL_VERSION && self.old_layouts == OldLayouts::Refuse {
+            return Err(SealError::OldLayout(version));
+        }
+        let aad = associated_data(of, version)?;
         let tampered = || SealError::Tampered(id.to_string());
         if stored.len() < NONCE_LEN {
             return Err(tampered());
@@ -268,7 +314,8 @@ impl Sealer {
 /// What binds a sealed body, in the layout `version`. Every variable part is
 /// length-prefixed (or marked present or absent) so that no two answers share a byte
 /// string. Version 1: the tenant, the endpoint and the key. Version 2: those, then the
-/// status, the location, the content type and the resource id.
+/// status, the location, the content type and the resource id. Version 3: those, then
+/// the expiry in microseconds since the epoch (the database's precision).
 fn associated_data(record: Binding<'_>, version: i16) -> Result<Vec<u8>, SealError> {
     let text = |aad: &mut Vec<u8>, part: &str| {
         aad.extend_from_slice(&(part.len() as u32).to_be_bytes());
@@ -278,6 +325,7 @@ fn associated_data(record: Binding<'_>, version: i16) -> Result<Vec<u8>, SealErr
     match version {
         1 => aad.extend_from_slice(b"orderd idempotency_record v1\0"),
         2 => aad.extend_from_slice(b"orderd idempotency_record v2\0"),
+        3 => aad.extend_from_slice(b"orderd idempotency_record v3\0"),
         other => return Err(SealError::Version(other)),
     }
     aad.extend_from_slice(record.tenant.as_bytes());
@@ -308,6 +356,15 @@ fn associated_data(record: Binding<'_>, version: i16) -> Result<Vec<u8>, SealErr
         }
         None => aad.push(0),
     }
+    if version >= 3 {
+        match record.expires_at {
+            Some(at) => {
+                aad.push(1);
+                aad.extend_from_slice(&at.timestamp_micros().to_be_bytes());
+            }
+            None => aad.push(0),
+        }
+    }
     Ok(aad)
 }
 
@@ -332,6 +389,7 @@ mod tests {
             location: Some("/v1/orders/0192f0e4-7c1a-7cc0-8f5e-1d2b3c4d5e6f"),
             content_type: Some("application/json"),
             resource: Some(Uuid::from_u128(9)),
+            expires_at: DateTime::from_timestamp(1_800_000_000, 123_456_000),
         }
     }
 
@@ -360,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_status_location_content_type_or_resource_does_not_open() {
+    fn a_changed_status_location_content_type_resource_or_expiry_does_not_open() {
         let sealer = keys(&[("k1", 1)]);
         let sealed = sealer.seal(record("key-aaaaaaaaaaaaaaaa"), b"{}").unwrap();
         let base = record("key-aaaaaaaaaaaaaaaa");
@@ -389,9 +447,26 @@ mod tests {
                 resource: None,
                 ..base
             },
+            Binding {
+                expires_at: DateTime::from_timestamp(1_800_000_000 + 30 * 86_400, 123_456_000),
+                ..base
+            },
+            Binding {
+                expires_at: DateTime::from_timestamp(1_800_000_000, 123_457_000),
+                ..base
+            },
+            Binding {
+                expires_at: None,
+                ..base
+            },
         ];
         for binding in changed {
-            let opened = sealer.open(binding, sealed.bytes.clone(), Some("k1"), Some(2));
+            let opened = sealer.open(
+                binding,
+                sealed.bytes.clone(),
+                Some("k1"),
+                Some(SEAL_VERSION),
+            );
             assert_eq!(opened, Err(SealError::Tampered("k1".into())), "{binding:?}");
         }
         // Read as if sealed with the first layout, it does not open either.
@@ -427,8 +502,21 @@ mod tests {
             b"old"
         );
         assert_eq!(
-            sealer.open(base, stored, Some("k1"), Some(3)),
-            Err(SealError::Version(3))
+            sealer.open(base, stored.clone(), Some("k1"), Some(4)),
+            Err(SealError::Version(4))
+        );
+        // Once the operator refuses the layouts before the current one, it is an error.
+        let strict = keys(&[("k1", 1)]).with_old_layouts(OldLayouts::Refuse);
+        assert_eq!(
+            strict.open(base, stored, Some("k1"), None),
+            Err(SealError::OldLayout(1))
+        );
+        let current = strict.seal(base, b"new").unwrap();
+        assert_eq!(
+            strict
+                .open(base, current.bytes, Some("k1"), current.version)
+                .unwrap(),
+            b"new"
         );
     }
 
@@ -455,7 +543,7 @@ mod tests {
             record("key-aaaaaaaaaaaaaaaa"),
             under_k1.bytes.clone(),
             Some("k1"),
-            Some(2),
+            under_k1.version,
         );
         assert_eq!(opened.unwrap(), b"body");
         let without = keys(&[("k2", 2)]);
@@ -463,7 +551,7 @@ mod tests {
             record("key-aaaaaaaaaaaaaaaa"),
             under_k1.bytes,
             Some("k1"),
-            Some(2),
+            under_k1.version,
         );
         assert_eq!(lost, Err(SealError::UnknownKey("k1".into())));
     }

@@ -21,6 +21,9 @@ settings! {
         response_keys: Vec<ResponseKey> = keys [RESPONSE_KEYS, "ORDERD_RESPONSE_KEYS", None, Kind::Secret, "keys that seal stored responses at rest with AES-256-GCM, as comma-separated `id:base64` (32 bytes each, ids of 1 to 64 of `A-Za-z0-9._-`): the first seals new records, every one opens; unset: stored as they are. Rotate by putting a new key first, running `orderd keys rewrap`, then dropping the old one"],
         /// Whether a body stored in clear is refused (503) while keys are configured.
         refuse_clear_records: bool = parse::last_choice [RESPONSE_CLEAR, "ORDERD_RESPONSE_CLEAR", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response kept in clear while `ORDERD_RESPONSE_KEYS` is set: `serve` it (records stored before keys were turned on), or `refuse` it with 503 once `orderd keys rewrap` has sealed every record, so that a clear body written into the table is never served"],
+        /// Whether a body sealed in a layout that binds less than the current one is
+        /// refused (503).
+        refuse_old_layouts: bool = parse::last_choice [RESPONSE_OLD_LAYOUTS, "ORDERD_RESPONSE_OLD_LAYOUTS", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response sealed in an older layout, which binds less of the answer (not its expiry): `serve` it, or `refuse` it with 503 once `orderd keys rewrap` has moved every record to the current layout"],
     }
     check = IdempotencyConfig::check;
 }

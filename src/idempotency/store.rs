@@ -47,7 +47,11 @@ pub struct Scope {
 }
 
 /// A stored body is sealed to its record's scope and to the rest of its answer.
-pub fn binding<'a>(scope: &'a Scope, response: &'a StoredResponse) -> Binding<'a> {
+pub fn binding<'a>(
+    scope: &'a Scope,
+    response: &'a StoredResponse,
+    expires_at: Option<DateTime<Utc>>,
+) -> Binding<'a> {
     Binding {
         tenant: scope.tenant.0,
         endpoint: scope.endpoint,
@@ -56,6 +60,7 @@ pub fn binding<'a>(scope: &'a Scope, response: &'a StoredResponse) -> Binding<'a
         location: response.location.as_deref(),
         content_type: response.content_type.as_deref(),
         resource: response.resource,
+        expires_at,
     }
 }
 
@@ -222,7 +227,10 @@ impl<'a> Completion<'a> {
     pub fn new(fence: &'a Fence<'a>, response: &'a StoredResponse) -> sqlx::Result<Self> {
         let body = fence
             .sealer
-            .seal(binding(fence.scope, response), &response.body)
+            .seal(
+                binding(fence.scope, response, Some(fence.expires_at())),
+                &response.body,
+            )
             .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         Ok(Self {
             fence,
@@ -376,7 +384,8 @@ pub const NEXT_TENANT_NOT_SEALED: &str = "SELECT tenant_id FROM idempotency_reco
 /// rewrap, live traffic) is passed over here and retried by the rewrap's next pass.
 pub const NOT_SEALED_UNDER: &str =
     "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version,
-            response_body, response_status, response_location, response_content_type, resource_id
+            response_body, response_status, response_location, response_content_type, resource_id,
+            expires_at
      FROM idempotency_record
      WHERE tenant_id = $2 AND state = 'COMPLETED'
        AND (response_key_id IS DISTINCT FROM $1 OR response_seal_version IS DISTINCT FROM $6)
@@ -431,6 +440,7 @@ pub struct SealedRecord {
     pub response_location: Option<String>,
     pub response_content_type: Option<String>,
     pub resource_id: Option<Uuid>,
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl SealedRecord {
@@ -444,6 +454,7 @@ impl SealedRecord {
             location: self.response_location.as_deref(),
             content_type: self.response_content_type.as_deref(),
             resource: self.resource_id,
+            expires_at: self.expires_at,
         }
     }
 

@@ -160,7 +160,7 @@ async fn without_keys_bodies_are_stored_as_they_are() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sealed_answer_whose_status_location_or_resource_was_changed_answers_503() {
+async fn a_sealed_answer_whose_status_location_resource_or_expiry_was_changed_answers_503() {
     let app = spawn_app_with(&[("ORDERD_RESPONSE_KEYS", K1)]).await;
     let token = app.token(Uuid::new_v4());
     let other = Uuid::new_v4().to_string();
@@ -171,6 +171,8 @@ async fn a_sealed_answer_whose_status_location_or_resource_was_changed_answers_5
         "response_location = '/v1/orders/' || $2",
         "response_content_type = 'text/html'",
         "resource_id = $2::uuid",
+        // What every replay announces as the key's expiry.
+        "expires_at = expires_at + interval '30 days'",
     ];
     for (n, change) in changes.iter().enumerate() {
         let key = new_key();
@@ -191,6 +193,7 @@ async fn a_sealed_answer_whose_status_location_or_resource_was_changed_answers_5
             !String::from_utf8_lossy(&replay.body).contains("dave"),
             "{change}"
         );
+        assert_eq!(replay.header("idempotency-key-expires"), None, "{change}");
     }
     assert_eq!(app.count("orders").await, changes.len() as i64);
 }
@@ -241,6 +244,109 @@ async fn a_clear_body_is_served_by_default_and_refused_once_the_operator_refuses
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(stored, [(None, None), (Some("k1".into()), Some(2))]);
+    assert_eq!(stored, [(None, None), (Some("k1".into()), Some(3))]);
     assert_eq!(db.count("orders").await, 2);
+}
+
+/// The sealer a process configured with [`K1`] has.
+fn k1_sealer() -> orderd::idempotency::seal::Sealer {
+    let config = orderd::app::Config::from_lookup(&|name| match name {
+        "DATABASE_URL" => Some("postgres://unused".into()),
+        "ORDERD_RESPONSE_KEYS" => Some(K1.into()),
+        _ => None,
+    })
+    .unwrap();
+    orderd::idempotency::seal::Sealer::new(
+        &config.idempotency.response_keys,
+        orderd::idempotency::seal::ClearRecords::Serve,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_sealed_in_an_older_layout_is_served_until_refused_and_a_rewrap_moves_it() {
+    let db = crate::support::TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let (key, body) = (new_key(), json!({"sku": "LAYOUT-1", "quantity": 1}));
+    let keys = [("ORDERD_RESPONSE_KEYS", K1)];
+    let refusing = [
+        ("ORDERD_RESPONSE_KEYS", K1),
+        ("ORDERD_RESPONSE_OLD_LAYOUTS", "refuse"),
+    ];
+    let first = {
+        let app = crate::support::spawn_app_on(db.handle().await, &keys).await;
+        app.create(&app.token(tenant), &key, &body).await
+    };
+    assert_eq!(first.status, 201);
+    // The record as the release before stored it: layout 2, which does not bind the
+    // expiry.
+    type Stored = (
+        i16,
+        Option<String>,
+        Option<String>,
+        Option<Uuid>,
+        chrono::DateTime<chrono::Utc>,
+    );
+    let (status, location, content_type, resource, expires_at): Stored = sqlx::query_as(
+        "SELECT response_status, response_location, response_content_type, resource_id, expires_at
+         FROM idempotency_record WHERE idem_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let binding = orderd::idempotency::seal::Binding {
+        tenant,
+        endpoint: "POST /v1/orders",
+        key: &key,
+        status: status as u16,
+        location: location.as_deref(),
+        content_type: content_type.as_deref(),
+        resource,
+        expires_at: Some(expires_at),
+    };
+    let old = k1_sealer().seal_in_layout(binding, &first.body, 2).unwrap();
+    sqlx::query(
+        "UPDATE idempotency_record SET response_body = $1, response_seal_version = 2 WHERE idem_key = $2",
+    )
+    .bind(&old.bytes)
+    .bind(&key)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // Served by default, byte for byte.
+    {
+        let app = crate::support::spawn_app_on(db.handle().await, &keys).await;
+        let replay = app.create(&app.token(tenant), &key, &body).await;
+        assert_eq!((replay.status, &replay.body), (201, &first.body));
+    }
+    // Refused once the operator refuses older layouts.
+    {
+        let app = crate::support::spawn_app_on(db.handle().await, &refusing).await;
+        let replay = app.create(&app.token(tenant), &key, &body).await;
+        replay.assert_problem(503, "service-unavailable");
+    }
+    // A rewrap moves it to the current layout, and it is served again.
+    let rewrap = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["keys", "rewrap"])
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_RESPONSE_KEYS", K1)
+        .output()
+        .unwrap();
+    assert!(
+        rewrap.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rewrap.stderr)
+    );
+    let version: Option<i16> = sqlx::query_scalar(
+        "SELECT response_seal_version FROM idempotency_record WHERE idem_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(version, Some(orderd::idempotency::seal::SEAL_VERSION));
+    let app = crate::support::spawn_app_on(db.handle().await, &refusing).await;
+    let replay = app.create(&app.token(tenant), &key, &body).await;
+    assert_eq!((replay.status, &replay.body), (201, &first.body));
+    assert_eq!(db.count("orders").await, 1);
 }

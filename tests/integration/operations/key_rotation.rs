@@ -197,7 +197,7 @@ async fn clear_records(db: &TestDb, count: i64) {
 async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
     let rows: Vec<SealedRecord> = sqlx::query_as(
         "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
-                response_status, response_location, response_content_type, resource_id
+                response_status, response_location, response_content_type, resource_id, expires_at
          FROM idempotency_record WHERE state = 'COMPLETED' AND idem_key ~ '^key-[0-9]{16}$'",
     )
     .fetch_all(&db.pool)
