@@ -201,6 +201,10 @@ pub enum TenantCommand {
         /// user.
         #[arg(long)]
         actor: Option<String>,
+        /// How long to wait for the transactions that were running when the tenant was
+        /// marked; past it the erase stops with exit 1, the mark left (run it again).
+        #[arg(long, default_value_t = lifecycle::ERASE_WAIT_SECS, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        wait_secs: u64,
     },
 }
 
@@ -451,7 +455,8 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
         TenantCommand::Export { tenant } => {
             let started = std::time::Instant::now();
             let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-            let written = lifecycle::export(&db, TenantId(tenant), &mut out).await?;
+            let mut session = db::direct_session(&config.db).await?;
+            let written = lifecycle::export(&db, &mut session, TenantId(tenant), &mut out).await?;
             let secs = started.elapsed().as_secs_f64();
             eprintln!(
                 "exported {written} orders of tenant {tenant} in {secs:.1} s, {:.0} orders/s",
@@ -463,6 +468,7 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
             batch,
             rows_per_sec,
             actor,
+            wait_secs,
         } => {
             let mut reported = std::time::Instant::now();
             let plan = lifecycle::ErasePlan {
@@ -471,6 +477,7 @@ async fn tenant_command(config: Config, command: TenantCommand) -> anyhow::Resul
                 actor: actor.unwrap_or_else(os_user),
                 relay_lease: outbox::relay::claim_lease(config.outbox.publish_timeout),
                 heard_within: config.db.listen_bound,
+                wait_for_running: std::time::Duration::from_secs(wait_secs),
             };
             tracing::info!(tenant = %tenant, actor = %plan.actor, "tenant erasure started");
             let erased = lifecycle::erase(&db, TenantId(tenant), &plan, |so_far| {

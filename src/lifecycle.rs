@@ -3,9 +3,9 @@
 //! everything it left in the three tables deleted, for good (see [`erase`]).
 //!
 //! Both walk the tables on the indexes the tenant leads, a bounded page or batch at a
-//! time, each its own short statement: memory stays the same whatever the tenant's
-//! size, no transaction stays open, and other tenants' requests only share the
-//! database with one statement at a time. The erasure is paced as well, since deleting
+//! time: memory stays the same whatever the tenant's size, and other tenants' requests
+//! only share the database with one statement at a time. The export reads its pages in
+//! one read-only snapshot; the erasure's statements are each their own transaction. The erasure is paced as well, since deleting
 //! is what loads the database (its WAL), where reading is not. The SQL belongs to each table's owner; this
 //! module only puts it in order.
 
@@ -16,9 +16,10 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
+use sqlx::{Connection, PgConnection};
 
 use crate::{
-    db::Db,
+    db::{Db, Sql},
     erasure, idempotency,
     orders::{self, store::PageAfter},
     outbox,
@@ -35,17 +36,39 @@ pub const ERASE_BATCH: u32 = 1000;
 /// 7 to 182 ms; paced, the erasure of a large tenant takes minutes instead of seconds,
 /// which an offboarding can afford and live traffic cannot (docs/performance.md).
 pub const ERASE_ROWS_PER_SEC: u32 = 20_000;
+/// How long an erasure waits, unless told otherwise, for the transactions that were
+/// running when it marked the tenant: orderd's own end within the statement timeout,
+/// so one still running after this is another client's (a report, a console left in
+/// a transaction), and the operator is better told than kept waiting.
+pub const ERASE_WAIT_SECS: u64 = 120;
 
 /// Writes `tenant`'s orders to `out` as JSON lines, oldest first (`created_at`, then
-/// id), each the API's `Order`; returns how many. Orders created while it runs are
-/// written when they sort after the page being read.
-pub async fn export(db: &Db, tenant: TenantId, out: &mut impl Write) -> anyhow::Result<u64> {
+/// id), each the API's `Order`; returns how many. The pages are read in one read-only
+/// snapshot on `session` (a direct session without the statement timeout, since
+/// writing a page out may wait on whoever reads the output), so the export is the
+/// tenant's orders as they were when it began, whatever is written or deleted
+/// meanwhile. An export that meets an erasure of the tenant fails instead of
+/// reporting part of the data as the whole: the tenant marked when it begins, or
+/// still marked when it ends (looked up on `db`, outside the snapshot).
+pub async fn export(
+    db: &Db,
+    session: &mut PgConnection,
+    tenant: TenantId,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
+    let mut tx = Connection::begin(session).await?;
+    let mut sql = Sql::direct(&mut tx);
+    sql.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(sql.conn())
+        .await?;
+    anyhow::ensure!(
+        !idempotency::store::tenant_erasing(&mut sql, tenant).await?,
+        "tenant {tenant} is being erased: nothing exported"
+    );
     let mut after: Option<PageAfter> = None;
     let mut written = 0u64;
     loop {
-        let page = db
-            .run(async |c| orders::store::export_page(c, tenant, after, EXPORT_PAGE).await)
-            .await?;
+        let page = orders::store::export_page(&mut sql, tenant, after, EXPORT_PAGE).await?;
         let Some(last) = page.last() else {
             break;
         };
@@ -63,7 +86,13 @@ pub async fn export(db: &Db, tenant: TenantId, out: &mut impl Write) -> anyhow::
             break;
         }
     }
+    tx.commit().await?;
     out.flush()?;
+    anyhow::ensure!(
+        !db.run(async |c| idempotency::store::tenant_erasing(c, tenant).await)
+            .await?,
+        "tenant {tenant} began to be erased while it was exported: the output is not to be kept"
+    );
     Ok(written)
 }
 
@@ -128,6 +157,8 @@ pub struct ErasePlan {
     /// this after its mark committed, so that no process still replays the tenant's
     /// answers from memory, deaf or not.
     pub heard_within: Duration,
+    /// How long to wait for the transactions running when the mark committed.
+    pub wait_for_running: Duration,
 }
 
 /// Walks over the tables that find rows still left before an erasure gives up: rows
@@ -162,7 +193,7 @@ pub async fn erase(
     db.run(async |c| erasure::mark(c, tenant, &plan.actor).await)
         .await?;
     let marked = tokio::time::Instant::now();
-    wait_for_running_transactions(db).await?;
+    wait_for_running_transactions(db, plan.wait_for_running).await?;
     let deleting = Instant::now();
     let rate = plan.rows_per_sec.map(|r| f64::from(r.get()));
     // A batch larger than a second's worth would make the first second run ahead of
@@ -306,8 +337,8 @@ const CLUSTER_STILL_RUNNING: &str = "SELECT count(*) FROM get_global_active_tran
 
 /// Waits until every transaction that was running now has ended (the database's own
 /// record of them: `pg_current_snapshot()`, or Citus's distributed transactions),
-/// saying so every few seconds.
-async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
+/// saying so every few seconds; gives up after `at_most`, the tenant still marked.
+async fn wait_for_running_transactions(db: &Db, at_most: Duration) -> anyhow::Result<()> {
     let (now, still_running) = if db.distributed() {
         (CLUSTER_NOW, CLUSTER_STILL_RUNNING)
     } else {
@@ -330,6 +361,13 @@ async fn wait_for_running_transactions(db: &Db) -> sqlx::Result<()> {
         if running == 0 {
             return Ok(());
         }
+        anyhow::ensure!(
+            started.elapsed() < at_most,
+            "{running} transactions that were running when the tenant was marked are still \
+             running after {} s (see pg_stat_activity); nothing was deleted, the tenant stays \
+             refused: end them, or wait longer with --wait-secs, and run the erase again",
+            at_most.as_secs()
+        );
         if said.elapsed() >= Duration::from_secs(5) {
             said = Instant::now();
             tracing::info!(

@@ -83,11 +83,13 @@ impl Mcp {
             .into_bytes()
             .await
             .map_err(|e| Problem::app(AppKind::ValidationError).with_detail(e.to_string()))?;
-        // Every MCP request counts against the caller's tenant limits. A tool call is
-        // admitted by the tool itself, which answers a refusal as a tool result the
-        // model can read; everything else (initialize, listings, pings, notifications)
-        // is admitted here and refused as HTTP 429.
-        let _admission = if is_tool_call(&bytes) {
+        // Every MCP request counts against the caller's tenant limits. A tool call
+        // that reaches the tools (a name and arguments that are an object) is admitted
+        // there, and its refusal is a tool result the model can read, whatever the
+        // name; everything else (initialize, listings, pings, notifications, a call
+        // whose parameters the SDK refuses before any tool sees them) is admitted here
+        // and refused as HTTP 429.
+        let _admission = if reaches_the_tools(&bytes) {
             None
         } else {
             Some(self.limiter.admit(caller.tenant(), Route::Mcp).await?)
@@ -140,14 +142,25 @@ pub fn check_origin(headers: &http::HeaderMap, allowed: &[String]) -> Result<(),
     Ok(())
 }
 
-/// Whether a request body is a JSON-RPC `tools/call`.
-fn is_tool_call(body: &[u8]) -> bool {
+/// Whether a request body is a JSON-RPC `tools/call` whose parameters the SDK hands to
+/// the tools: a name, and arguments that are an object or absent.
+fn reaches_the_tools(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
-    struct Method<'a> {
+    struct Call<'a> {
         #[serde(borrow)]
         method: Option<std::borrow::Cow<'a, str>>,
+        params: Option<Params<'a>>,
     }
-    serde_json::from_slice::<Method>(body).is_ok_and(|m| m.method.as_deref() == Some("tools/call"))
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        #[allow(dead_code)]
+        name: std::borrow::Cow<'a, str>,
+        #[allow(dead_code)]
+        arguments: Option<serde_json::Map<String, serde_json::Value>>,
+    }
+    serde_json::from_slice::<Call>(body)
+        .is_ok_and(|c| c.method.as_deref() == Some("tools/call") && c.params.is_some())
 }
 
 /// A 401 whose challenge names the protected-resource metadata, at the configured

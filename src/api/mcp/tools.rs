@@ -159,12 +159,14 @@ impl ServerHandler for OrderTools {
 impl OrderTools {
     /// Parses the tool's arguments and calls its operation.
     async fn call(&self, caller: &Caller, name: &str, args: JsonObject) -> Result<Reply, Problem> {
-        let tool = Tool::named(name).ok_or_else(|| {
+        // A tool call counts like the REST call it stands for, and a call of a tool
+        // that does not exist like any other MCP request: before anything else.
+        let tool = Tool::named(name);
+        let route = tool.map_or(Route::Mcp, Tool::route);
+        let _admission = self.limiter.admit(caller.tenant(), route).await?;
+        let tool = tool.ok_or_else(|| {
             Problem::app(AppKind::NotFound).with_detail(format!("there is no tool `{name}`"))
         })?;
-        // Only tool calls count against the tenant's limits (not initialize or the
-        // listing of tools), and they count like the REST call they stand for.
-        let _admission = self.limiter.admit(caller.tenant(), tool.route()).await?;
         let mut fields = args;
         match tool {
             Tool::CreateOrder => {

@@ -569,6 +569,55 @@ async fn handshakes_and_listings_count_against_the_tenant_limit_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_of_unknown_tools_and_with_unparseable_arguments_count_against_the_limit_too() {
+    let app = spawn_app_with(&[
+        ("ORDERD_TENANT_RATE_PER_SEC", "1"),
+        ("ORDERD_TENANT_BURST", "2"),
+    ])
+    .await;
+    let token = app.token(Uuid::new_v4());
+    let tools_call = |params: Value| {
+        app.client
+            .post(format!("{}/mcp", app.base))
+            .bearer_auth(&token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}))
+            .send()
+    };
+    // The burst: a tool that does not exist, and arguments that are not an object.
+    let unknown = tools_call(json!({"name": "drop_tables", "arguments": {}}))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 200);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(unknown["result"]["isError"], true, "{unknown}");
+    let unparseable = tools_call(json!({"name": "create_order", "arguments": "free text"}))
+        .await
+        .unwrap();
+    assert_ne!(unparseable.status(), 429);
+    // Both counted: the next call of an unknown tool, in the same second, is refused as
+    // a tool result, and the next unparseable one as HTTP 429.
+    let limited: Value = tools_call(json!({"name": "drop_tables", "arguments": {}}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let refusal: Value =
+        serde_json::from_str(limited["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(refusal["type"], "/problems/rate-limited", "{limited}");
+    let refused = crate::support::Reply::read(
+        tools_call(json!({"name": "create_order", "arguments": "free text"}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    refused.assert_problem(429, "rate-limited");
+    assert_eq!(app.count("idempotency_record").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_advertised_resource_comes_from_configuration_never_from_the_host_header() {
     for (settings, want) in [
         (vec![], None),

@@ -405,3 +405,52 @@ async fn the_rate_asked_is_the_rate_done_whatever_the_batch() {
     assert!(rate <= 300.0, "{rate} rows/s done for 300 asked: {stdout}");
     assert_eq!(rows_of(&db, tenant).await, [0, 0, 0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erase_gives_up_on_a_transaction_left_open_and_a_rerun_completes_once_it_ends() {
+    // On Citus the erasure waits for the cluster's distributed transactions, which a
+    // plain session on the coordinator does not start; the bound is the same code.
+    if crate::support::on_citus() {
+        return;
+    }
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    backlog(&db, tenant, 10).await;
+    // A console left in a transaction that has written something.
+    let mut console = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    sqlx::Executor::execute(&mut console, "BEGIN")
+        .await
+        .unwrap();
+    sqlx::Executor::execute(&mut console, "SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    let stopped = erase(&db, tenant, &["--wait-secs", "1"], "1000")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&stopped.stderr);
+    assert!(!stopped.status.success(), "{stderr}");
+    assert!(stderr.contains("still running"), "{stderr}");
+    assert_eq!(rows_of(&db, tenant).await, [10, 10, 10], "nothing deleted");
+    let marked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tenant_erasure WHERE tenant_id = $1")
+            .bind(tenant)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(marked, 1, "the tenant stays refused");
+
+    sqlx::Executor::execute(&mut console, "ROLLBACK")
+        .await
+        .unwrap();
+    let done = erase(&db, tenant, &["--wait-secs", "1"], "1000")
+        .output()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(rows_of(&db, tenant).await, [0, 0, 0]);
+}

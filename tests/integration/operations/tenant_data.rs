@@ -101,6 +101,26 @@ async fn an_export_writes_exactly_the_tenants_orders_oldest_first_as_the_api_sho
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_that_meets_an_erasure_fails_and_writes_nothing_as_if_whole() {
+    let app = spawn_app_with(&[]).await;
+    let tenant = Uuid::new_v4();
+    orders(&app, &app.token(tenant), 3).await;
+    // An erasure under way (or killed half-way): the tenant is marked.
+    sqlx::query("INSERT INTO tenant_erasure (tenant_id, actor) VALUES ($1, 'someone')")
+        .bind(tenant)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let (ok, stdout, stderr) = run(
+        &app.db,
+        &["tenant", "export", "--tenant", &tenant.to_string()],
+    );
+    assert!(!ok, "an export beside an erasure exited 0: {stdout}");
+    assert!(stderr.contains("being erased"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_erasure_leaves_nothing_of_the_tenant_touches_no_other_and_publishes_nothing() {
     let app = spawn_app_with(&[]).await;
     let (tenant, other) = (Uuid::new_v4(), Uuid::new_v4());
