@@ -171,8 +171,9 @@ async fn a_sealed_answer_whose_status_location_resource_or_expiry_was_changed_an
         "response_location = '/v1/orders/' || $2",
         "response_content_type = 'text/html'",
         "resource_id = $2::uuid",
-        // What every replay announces as the key's expiry.
-        "expires_at = expires_at + interval '30 days'",
+        // What every replay announces as the key's expiry (a constant: Citus routes no
+        // update that computes a time from a column).
+        "expires_at = '2099-01-01T00:00:00Z'",
     ];
     for (n, change) in changes.iter().enumerate() {
         let key = new_key();
