@@ -17,7 +17,7 @@ use crate::{
     api::{self, server::Limits},
     auth::{self, Verifier},
     config::bind_address,
-    db::{self, Db, Liveness},
+    db::{self, Db},
     erasure::{self, Erasures},
     idempotency::{self, Guard},
     metrics,
@@ -174,12 +174,8 @@ impl Application {
         // No answer is replayed from memory unless both sessions that could say it must
         // not be (a forgetting, an erasure) were heard from within the bound.
         let listen_on = db::listen_on(&self.config.db)?;
-        let (forgettings, erasings) = (
-            Liveness::new(listen_on.bound),
-            Liveness::new(listen_on.bound),
-        );
-        guard_cache.depend_on(forgettings.clone());
-        guard_cache.depend_on(erasings.clone());
+        let (forgettings, erasings) = (listen_on.liveness(), listen_on.liveness());
+        guard_cache.depend_on([forgettings.clone(), erasings.clone()]);
         {
             let cache = guard_cache.clone();
             let endpoints = service::Endpoint::ALL.iter().map(|e| e.as_str()).collect();

@@ -40,6 +40,13 @@ pub struct ListenOn {
     pub bound: Duration,
 }
 
+impl ListenOn {
+    /// A record of a session at this place, trusted for this bound.
+    pub fn liveness(&self) -> Arc<Liveness> {
+        Liveness::new(self.bound)
+    }
+}
+
 impl From<PgConnectOptions> for ListenOn {
     /// A session at `options` with the default bound (tests and tools).
     fn from(options: PgConnectOptions) -> Self {

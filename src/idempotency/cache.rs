@@ -38,7 +38,7 @@
 
 use std::{
     sync::{
-        Arc, RwLock,
+        Arc, OnceLock,
         atomic::{AtomicU64, Ordering::SeqCst},
     },
     time::{Duration, Instant},
@@ -121,19 +121,18 @@ struct Freshness {
     /// Moved on by every forgetting: an entry is kept only when no forgetting happened
     /// since the read it was made from began.
     epoch: AtomicU64,
-    /// The listening sessions whose news the cache must have heard: it answers and
-    /// keeps entries only while each was heard from within its bound. None: the cache
-    /// depends on nothing it could miss (a process without listeners, tests).
-    sources: RwLock<Vec<Arc<Liveness>>>,
+    /// The listening sessions whose news the cache must have heard, given once: it
+    /// answers and keeps entries only while each was heard from within its bound.
+    /// Unset: the cache depends on nothing it could miss (a process without
+    /// listeners, tests).
+    sources: OnceLock<Vec<Arc<Liveness>>>,
 }
 
 impl Freshness {
     fn trusted(&self, now: Instant) -> bool {
         self.sources
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .all(|source| source.fresh(now))
+            .get()
+            .is_none_or(|sources| sources.iter().all(|source| source.fresh(now)))
     }
 }
 
@@ -165,7 +164,7 @@ impl ReplayCache {
             entries,
             freshness: Arc::new(Freshness {
                 epoch: AtomicU64::new(0),
-                sources: RwLock::new(Vec::new()),
+                sources: OnceLock::new(),
             }),
         }
     }
@@ -259,14 +258,11 @@ impl ReplayCache {
         }
     }
 
-    /// From now on, answers and keeps entries only while `source` was heard from
-    /// within its bound; starts empty.
-    pub fn depend_on(&self, source: Arc<Liveness>) {
-        self.freshness
-            .sources
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(source);
+    /// From now on, answers and keeps entries only while every one of `sources` was
+    /// heard from within its bound; starts empty. Given once, before the cache is used.
+    pub fn depend_on(&self, sources: impl IntoIterator<Item = Arc<Liveness>>) {
+        let given = self.freshness.sources.set(sources.into_iter().collect());
+        assert!(given.is_ok(), "a replay cache's sources are given once");
         self.clear();
     }
 
@@ -274,13 +270,7 @@ impl ReplayCache {
     /// says which.
     pub async fn live_within(&self, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;
-        let sources = self
-            .freshness
-            .sources
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for source in sources {
+        for source in self.freshness.sources.get().into_iter().flatten() {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if !source.fresh_within(left).await {
                 return false;
@@ -486,7 +476,7 @@ mod tests {
         remember(&cache, "{}", t0, 60);
         let begun = read(&cache, t0);
         let listener = Liveness::new(Duration::from_secs(3));
-        cache.depend_on(listener.clone());
+        cache.depend_on([listener.clone()]);
         assert!(!replays(&cache), "starts empty, and nothing heard yet");
         remember_read(&cache, read(&cache, t0));
         assert!(!replays(&cache), "nothing kept while not heard");

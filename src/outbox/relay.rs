@@ -30,7 +30,7 @@ use super::{
     wake,
 };
 use crate::{
-    db::{Db, Heard, ListenOn, Liveness, Sql},
+    db::{Db, Heard, ListenOn, Sql},
     metrics, telemetry,
     trace_context::TraceContext,
 };
@@ -556,7 +556,7 @@ async fn listen(
     known: Arc<KnownTenants>,
     shutdown: CancellationToken,
 ) {
-    let liveness = Liveness::new(listen_on.bound);
+    let liveness = listen_on.liveness();
     crate::db::listen(
         listen_on,
         CHANNEL,

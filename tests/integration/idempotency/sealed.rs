@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{TestApp, new_key, spawn_app_with};
+use crate::support::{TestApp, new_key, sealer, spawn_app_with};
 
 /// `k1`: 32 bytes 0x01.
 pub const K1: &str = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
@@ -249,20 +249,6 @@ async fn a_clear_body_is_served_by_default_and_refused_once_the_operator_refuses
     assert_eq!(db.count("orders").await, 2);
 }
 
-/// The sealer a process configured with [`K1`] has.
-fn k1_sealer() -> orderd::idempotency::seal::Sealer {
-    let config = orderd::app::Config::from_lookup(&|name| match name {
-        "DATABASE_URL" => Some("postgres://unused".into()),
-        "ORDERD_RESPONSE_KEYS" => Some(K1.into()),
-        _ => None,
-    })
-    .unwrap();
-    orderd::idempotency::seal::Sealer::new(
-        &config.idempotency.response_keys,
-        orderd::idempotency::seal::ClearRecords::Serve,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_sealed_in_an_older_layout_is_served_until_refused_and_a_rewrap_moves_it() {
     let db = crate::support::TestDb::new().await;
@@ -305,7 +291,7 @@ async fn an_answer_sealed_in_an_older_layout_is_served_until_refused_and_a_rewra
         resource,
         expires_at: Some(expires_at),
     };
-    let old = k1_sealer().seal_in_layout(binding, &first.body, 2).unwrap();
+    let old = sealer(K1).seal_in_layout(binding, &first.body, 2).unwrap();
     sqlx::query(
         "UPDATE idempotency_record SET response_body = $1, response_seal_version = 2 WHERE idem_key = $2",
     )

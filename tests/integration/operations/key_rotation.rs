@@ -6,14 +6,11 @@
 
 use std::{process::Command, time::Duration};
 
-use orderd::idempotency::{
-    seal::{ClearRecords, Sealer},
-    store::SealedRecord,
-};
+use orderd::idempotency::{seal::Sealer, store::SealedRecord};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{KillOnDrop, ServeProcess, TestDb, new_key, spawn_app_on};
+use crate::support::{KillOnDrop, ServeProcess, TestDb, new_key, sealer, spawn_app_on};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 /// 32 bytes of 0x01, 0x02 and 0x03.
@@ -23,17 +20,6 @@ const K3: &str = "k3:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=";
 
 fn keys(value: &str) -> Vec<(&'static str, String)> {
     vec![("ORDERD_RESPONSE_KEYS", value.to_string())]
-}
-
-/// The sealer a process configured with `value` has.
-fn sealer(value: &str) -> Sealer {
-    let config = orderd::app::Config::from_lookup(&|name| match name {
-        "DATABASE_URL" => Some("postgres://unused".into()),
-        "ORDERD_RESPONSE_KEYS" => Some(value.into()),
-        _ => None,
-    })
-    .unwrap();
-    Sealer::new(&config.idempotency.response_keys, ClearRecords::Serve)
 }
 
 /// One create against `serve`: status and body bytes.

@@ -86,6 +86,21 @@ pub fn settings(db: &TestDb, overrides: &[(&str, &str)]) -> Config {
     Config::from_lookup(&|name| vars.get(name).cloned()).expect("test configuration is valid")
 }
 
+/// The sealer a process configured with `ORDERD_RESPONSE_KEYS=keys` has (clear records
+/// served, older layouts opened).
+pub fn sealer(keys: &str) -> orderd::idempotency::seal::Sealer {
+    let config = Config::from_lookup(&|name| match name {
+        "DATABASE_URL" => Some("postgres://unused".into()),
+        "ORDERD_RESPONSE_KEYS" => Some(keys.into()),
+        _ => None,
+    })
+    .expect("valid keys");
+    orderd::idempotency::seal::Sealer::new(
+        &config.idempotency.response_keys,
+        orderd::idempotency::seal::ClearRecords::Serve,
+    )
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(&[]).await
 }

@@ -11,7 +11,7 @@ pub mod proxy;
 pub mod sns;
 
 pub use app::{
-    Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, settings,
+    Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, sealer, settings,
     spawn_app, spawn_app_on, spawn_app_publishing_through, spawn_app_with, spawn_publishing_app,
     spawn_publishing_app_on, token,
 };
