@@ -359,6 +359,14 @@ async fn outbox_command(config: Config, command: OutboxCommand) -> anyhow::Resul
                 stats.oldest_pending_age_secs
             );
             println!("dead {}", stats.dead);
+            if stats.unreadable_shards > 0 {
+                // The figures above leave these out: say so, and fail.
+                println!("unreadable_shards {}", stats.unreadable_shards);
+                anyhow::bail!(
+                    "{} shards were not read: a worker did not answer",
+                    stats.unreadable_shards
+                );
+            }
         }
     }
     Ok(())

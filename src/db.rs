@@ -33,8 +33,10 @@ use sqlx_core::transaction::TransactionManager;
 use crate::config::{ConfigError, Env, Kind, Secret, parse, range, settings};
 
 mod listen;
+mod nodes;
 
 pub use self::listen::{Heard, ListenOn, Liveness, listen};
+pub use self::nodes::{EachNode, NODE_CONNECT_TIMEOUT, on_nodes_answering, read_each_node};
 
 settings! {
     /// How the process reaches PostgreSQL.

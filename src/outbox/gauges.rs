@@ -31,6 +31,7 @@ pub async fn run(db: Db, shutdown: CancellationToken) {
                         stats.pending,
                         stats.oldest_pending_age_secs,
                         stats.dead,
+                        stats.unreadable_shards,
                     );
                     Run::Done
                 }

@@ -6,9 +6,11 @@
 //!
 //! So the relay learns them: from the writers' notifications, which name the tenants
 //! whose events committed (`wake`), and from a look at the table
-//! (`store::DUE_TENANTS`) when it starts, whenever its listening session was
-//! (re)established, and at every poll, which finds what no notification named (a
-//! backoff that ran out, a notification lost to a crash). A round visits the known
+//! (`store::due_tenants`, worker by worker, in a task of the relay's own) when it
+//! starts, whenever its listening session was (re)established, and at every poll,
+//! which finds what no notification named (a backoff that ran out, a notification lost
+//! to a crash). The workers a look could not read are remembered until one reads them
+//! again, and rounds leave their tenants alone meanwhile. A round visits the known
 //! tenants from where the previous round stopped, as the walk does, and forgets a
 //! tenant that had nothing due, unless it was named again meanwhile (each naming moves
 //! its generation on, and only the generation the round saw is forgotten).
@@ -25,6 +27,9 @@ use uuid::Uuid;
 #[derive(Debug, Default)]
 pub struct KnownTenants {
     inner: Mutex<Inner>,
+    /// Signalled when the table should be looked at now (see
+    /// [`KnownTenants::look_again`]).
+    look: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +42,9 @@ struct Inner {
     /// When the table was last looked at; none: it must be (at start, after a lost
     /// session).
     looked: Option<Instant>,
+    /// The workers the last look could not read (`host:port`): rounds leave their
+    /// tenants alone until a look reads them again, instead of waiting on them.
+    unreachable: Vec<String>,
 }
 
 /// The tenants one round visits, with the generations it saw.
@@ -56,17 +64,31 @@ impl KnownTenants {
         }
     }
 
-    /// Notifications may have been missed: the next round looks at the table.
+    /// Notifications may have been missed: the table is looked at now.
     pub fn look_again(&self) {
         self.lock().looked = None;
+        self.look.notify_one();
     }
 
-    /// Whether this round should look at the table first (never looked yet, after a
-    /// lost session, or `every` since the last look began), taking the look when it
-    /// should: one round looks, the rounds of the other lanes go on meanwhile. A look
-    /// reads every due row (a backlog's too), and lanes that found it due together
-    /// each read them all and each stalled for it. The caller names what the look
-    /// found, or calls [`KnownTenants::look_again`] when it failed.
+    /// Waits until [`KnownTenants::look_again`] asks for a look.
+    pub async fn look_asked(&self) {
+        self.look.notified().await
+    }
+
+    /// The workers the latest look could not read.
+    pub fn set_unreachable(&self, nodes: Vec<String>) {
+        self.lock().unreachable = nodes;
+    }
+
+    /// The workers the latest look could not read (empty when it read them all).
+    pub fn unreachable(&self) -> Vec<String> {
+        self.lock().unreachable.clone()
+    }
+
+    /// Whether the table should be looked at now (never looked yet, after a lost
+    /// session, or `every` since the last look began), taking the look when it should.
+    /// The caller names what the look found, or calls [`KnownTenants::look_again`] when
+    /// it failed.
     pub fn take_look(&self, every: Duration) -> bool {
         let mut inner = self.lock();
         let due = inner.looked.is_none_or(|at| at.elapsed() >= every);

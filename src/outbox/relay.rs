@@ -30,7 +30,7 @@ use super::{
     wake,
 };
 use crate::{
-    db::{Db, Heard, ListenOn, Sql},
+    db::{self, Db, Heard, ListenOn, Sql},
     metrics, telemetry,
     trace_context::TraceContext,
 };
@@ -136,6 +136,15 @@ impl Relay {
             .clone()
             .watch(shutdown.clone())
             .map(tokio::spawn);
+        let looks = self.db.distributed().then(|| {
+            tokio::spawn(look(
+                self.db.clone(),
+                self.known.clone(),
+                self.wake.clone(),
+                self.config.poll,
+                shutdown.clone(),
+            ))
+        });
         // Once before the first round (a backlog laid down while no relay ran would
         // otherwise meet stale plans first), then beside the lanes, not in them: a
         // lane that waited for it would start its next round in step with the other
@@ -165,6 +174,9 @@ impl Relay {
         }
         if let Some(watch) = watch {
             let _ = watch.await;
+        }
+        if let Some(looks) = looks {
+            let _ = looks.await;
         }
         if let Some(statistics) = statistics {
             let _ = statistics.await;
@@ -384,16 +396,17 @@ impl Relay {
             }
             return Ok((start, None));
         }
-        if self.known.take_look(self.config.poll) {
-            match store::due_tenants(c).await {
-                Ok(found) => self.known.name(found.tenants),
-                Err(e) => {
-                    self.known.look_again();
-                    return Err(e);
-                }
-            }
+        let mut visit = self.known.visit(per_round as usize);
+        let unreachable = self.known.unreachable();
+        if !unreachable.is_empty() && !visit.tenants.is_empty() {
+            // Their claims would wait on a worker that does not answer.
+            let tenants: Vec<Uuid> = visit.tenants.iter().map(|(tenant, _)| *tenant).collect();
+            let reachable =
+                db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await?;
+            visit
+                .tenants
+                .retain(|(tenant, _)| reachable.contains(tenant));
         }
-        let visit = self.known.visit(per_round as usize);
         let now = store::round_time(c).await?;
         let tenants = visit.tenants.iter().map(|(tenant, _)| *tenant).collect();
         Ok((store::RoundStart { now, tenants }, Some(visit)))
@@ -461,17 +474,17 @@ async fn claim_fairly(
     let mut more = Vec::new();
     let taken = |c: &store::Claimed| (c.events.len() + c.unreadable.len()) as i64;
     for &tenant in &start.tenants {
-        let got = store::claim_tenant(sql, tenant, start.now, share, lease_ms, claim).await?;
+        let Some((got, parked)) =
+            claim_one(sql, tenant, start.now, share, lease_ms, claim, true).await?
+        else {
+            continue;
+        };
         if taken(&got) == share {
             more.push(tenant);
-        } else {
-            // Short of its share: rows that must wait may stand in front of due ones.
-            let parked = store::park_tenant(sql, tenant, start.now, lease_ms).await? as usize;
-            if parked == 0 && taken(&got) == 0 {
-                had_nothing.push(tenant);
-            }
-            claimed.parked += parked;
+        } else if parked == 0 && taken(&got) == 0 {
+            had_nothing.push(tenant);
         }
+        claimed.parked += parked;
         claimed.absorb(got);
         if taken(&claimed) >= batch {
             return Ok((claimed, had_nothing));
@@ -482,10 +495,54 @@ async fn claim_fairly(
         if left <= 0 {
             break;
         }
-        let got = store::claim_tenant(sql, tenant, start.now, left, lease_ms, claim).await?;
-        claimed.absorb(got);
+        if let Some((got, _)) =
+            claim_one(sql, tenant, start.now, left, lease_ms, claim, false).await?
+        {
+            claimed.absorb(got);
+        }
     }
     Ok((claimed, had_nothing))
+}
+
+/// One tenant's claim of up to `limit` events and, with `park`, when it came back short,
+/// the park of what must wait (rows that must wait may stand in front of due ones).
+///
+/// On a distributed database each tenant's part is a transaction (or savepoint) of its
+/// own, and one that fails is left out of the round (`None`): a worker that stopped
+/// answering fails only its own tenants' claims, and the round goes on with the
+/// others'. On one server a failure is the database's, and fails the round.
+async fn claim_one(
+    sql: &mut Sql<'_>,
+    tenant: Uuid,
+    now: chrono::DateTime<chrono::Utc>,
+    limit: i64,
+    lease_ms: i64,
+    claim: Uuid,
+    park: bool,
+) -> sqlx::Result<Option<(store::Claimed, usize)>> {
+    let work = async |sql: &mut Sql<'_>| {
+        let got = store::claim_tenant(sql, tenant, now, limit, lease_ms, claim).await?;
+        let taken = (got.events.len() + got.unreadable.len()) as i64;
+        let parked = if park && taken < limit {
+            store::park_tenant(sql, tenant, now, lease_ms).await? as usize
+        } else {
+            0
+        };
+        Ok::<_, sqlx::Error>((got, parked))
+    };
+    if !sql.distributed() {
+        return work(sql).await.map(Some);
+    }
+    match sql
+        .atomically(async |sql| work(sql).await.map(db::End::Commit))
+        .await
+    {
+        Ok(done) => Ok(Some(done)),
+        Err(e) => {
+            tracing::warn!(tenant = %tenant, error = %e, "cannot claim a tenant's events; the round goes on without them");
+            Ok(None)
+        }
+    }
 }
 
 /// `items` grouped by tenant, in the order tenants first appear: every statement that
@@ -544,6 +601,48 @@ fn to_message(event: &PendingEvent) -> Message {
 /// after a row's deletion a relay may still be publishing it (an erasure waits it out).
 pub fn claim_lease(publish_timeout: Duration) -> Duration {
     publish_timeout * 3 / 2 + Duration::from_secs(1)
+}
+
+/// On a distributed database, looks at the table for tenants with due events (see
+/// `known`): first thing, at every poll, and whenever the listening session was lost
+/// or regained. In a task of its own, beside the lanes: a look reads every due row and
+/// waits up to [`db::NODE_CONNECT_TIMEOUT`] for a worker that does not answer, and a
+/// lane that looked would hold every tenant's events back meanwhile. What it finds
+/// wakes the lanes; the workers it could not read are left alone by the rounds until
+/// a look reads them again.
+async fn look(
+    db: Db,
+    known: Arc<KnownTenants>,
+    wake: Arc<Notify>,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        if known.take_look(poll) {
+            match db.run(async |c| store::due_tenants(c).await).await {
+                Ok(found) => {
+                    known.name(found.start.tenants);
+                    known.set_unreachable(found.unreachable);
+                    wake.notify_one();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot look for tenants with due events; looking again after the poll interval");
+                    known.look_again();
+                    // Not at once: the database is failing.
+                    tokio::select! {
+                        _ = tokio::time::sleep(poll) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = known.look_asked() => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
 }
 
 /// Turns notifications on [`CHANNEL`] into wake-ups, learning the tenants they name

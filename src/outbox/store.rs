@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
-use crate::db::{Purged, Sql};
+use crate::db::{self, Purged, Sql};
 
 /// A claimed event, ready to publish: one row of [`CLAIM_TENANT`], read as it is.
 #[derive(Debug, Clone, FromRow)]
@@ -154,12 +154,19 @@ pub const CLAIM_TENANT: &str = "WITH candidates AS (
 
 /// Parks up to `$4` due events of tenant `$1` that have to wait for an earlier event of
 /// their order (see [`CLAIM_TENANT`]): until the latest `next_attempt_at` of the events
-/// before them, at least `$2` plus `$3` milliseconds (a lease), or for good behind a
-/// DEAD one. Run only after a claim came back short of its share, which is when rows
+/// before them, at least `$2` plus `$3` milliseconds (a lease); behind a DEAD one, for
+/// a lease. Run only after a claim came back short of its share, which is when rows
 /// that must wait can stand in front of due ones.
+///
+/// Never for good, even behind a DEAD event: a park reads the events before its row in
+/// its statement's snapshot, so one that began before a re-drive committed sees the
+/// event still DEAD, and the mark that publishes the re-driven event (whose wake-up
+/// looks at the row before the park commits) cannot bring back a row parked after it.
+/// Parked for a lease, such a row is looked at again a lease later at most; rows behind
+/// a DEAD event cost a claim and a park per lease until the re-drive.
 pub const PARK_TENANT: &str = "WITH scan AS (
          SELECT e.event_id,
-                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN 'infinity'::timestamptz
+                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN '-infinity'::timestamptz
                              ELSE max(earlier.next_attempt_at) END
                  FROM outbox_event earlier
                  WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
@@ -198,16 +205,21 @@ fn tenant_as_equality(statement: &str) -> String {
     statement.replace(RANGE, "e.tenant_id = $1")
 }
 
-/// On a distributed database, the tenants with events due by the database's time, and
-/// that time: what a relay learns from the table when it cannot walk it (see
-/// `known`). Grouped on the distribution column, so each shard answers for itself; it
-/// reads every due row once, which is why it runs at a relay's poll and not in every
-/// round.
-pub const DUE_TENANTS: &str = "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS at)
-     SELECT (SELECT at FROM now) AS now,
-            array(SELECT tenant_id FROM outbox_event
-                  WHERE status = 'PENDING' AND next_attempt_at <= (SELECT at FROM now)
-                  GROUP BY tenant_id) AS tenants";
+/// On a distributed database, the tenants with events due by `at` (the coordinator's
+/// time, a literal: the command runs on a worker) on one worker's shards `outbox`, as
+/// one comma-separated line: what a relay learns from the table when it cannot walk
+/// it (see `known`). Grouped on the distribution column, so each shard answers for
+/// itself; it reads every due row once, which is why it runs at a relay's poll and not
+/// in every round.
+fn node_due_tenants(outbox: &str, at: DateTime<Utc>) -> String {
+    format!(
+        "SELECT coalesce(string_agg(tenant_id::text, ','), '')
+         FROM (SELECT tenant_id FROM {outbox}
+               WHERE status = 'PENDING' AND next_attempt_at <= '{}'::timestamptz
+               GROUP BY tenant_id) due",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    )
+}
 
 /// The database's time, as a round that knows its tenants reads it.
 pub const ROUND_TIME: &str = "SELECT clock_timestamp()";
@@ -355,11 +367,33 @@ pub async fn pending_tenants(
     Ok(RoundStart { now, tenants })
 }
 
-/// The tenants with due events and the database's time (see [`DUE_TENANTS`]).
-pub async fn due_tenants(sql: &mut Sql<'_>) -> sqlx::Result<RoundStart> {
-    let (now, tenants): (DateTime<Utc>, Vec<Uuid>) =
-        sql.query_as(DUE_TENANTS).fetch_one(sql.conn()).await?;
-    Ok(RoundStart { now, tenants })
+/// What a relay's look at a distributed outbox found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueTenants {
+    pub start: RoundStart,
+    /// The workers that did not answer (`host:port`): their tenants' events wait.
+    pub unreachable: Vec<String>,
+}
+
+/// The tenants with due events and the database's time, worker by worker (see
+/// [`node_due_tenants`]): a worker that does not answer leaves its tenants out, and
+/// is named.
+pub async fn due_tenants(sql: &mut Sql<'_>) -> sqlx::Result<DueTenants> {
+    let now = round_time(sql).await?;
+    let read =
+        db::read_each_node(sql, "outbox_event", |outbox| node_due_tenants(outbox, now)).await?;
+    let mut tenants = Vec::new();
+    for answer in &read.answers {
+        for tenant in answer.split(',').filter(|t| !t.is_empty()) {
+            tenants.push(Uuid::parse_str(tenant).map_err(|_| {
+                sqlx::Error::Protocol(format!("a worker's due tenant: {tenant:?}"))
+            })?);
+        }
+    }
+    Ok(DueTenants {
+        start: RoundStart { now, tenants },
+        unreachable: read.unreachable,
+    })
 }
 
 /// The database's time (see [`ROUND_TIME`]).
@@ -577,16 +611,64 @@ pub struct Stats {
     /// Seconds since the oldest pending event committed; 0 when none is pending.
     pub oldest_pending_age_secs: f64,
     pub dead: i64,
+    /// Shards the figures leave out, their worker not answering (distributed only).
+    pub unreadable_shards: u64,
 }
 
+/// [`STATS`] on one worker of a distributed database (see [`db::read_each_node`]): the
+/// pending count, the oldest pending commit time (Unix seconds, `-` when none) and
+/// the DEAD count, as one line.
+fn node_stats(outbox: &str) -> String {
+    format!(
+        "SELECT format('%s %s %s',
+                (SELECT count(*) FROM {outbox} WHERE status = 'PENDING'),
+                coalesce((SELECT extract(epoch FROM min(occurred_at))::text
+                            FROM {outbox} WHERE status = 'PENDING'), '-'),
+                (SELECT count(*) FROM {outbox} WHERE status = 'DEAD'))"
+    )
+}
+
+/// The coordinator's clock, as Unix seconds.
+const EPOCH_NOW: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
+
 pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
+    if sql.distributed() {
+        return stats_each_node(sql).await;
+    }
     let (pending, oldest, dead): (i64, Option<f64>, i64) =
         sql.query_as(STATS).fetch_one(sql.conn()).await?;
     Ok(Stats {
         pending,
         oldest_pending_age_secs: oldest.unwrap_or(0.0).max(0.0),
         dead,
+        unreadable_shards: 0,
     })
+}
+
+/// The figures of a distributed outbox, worker by worker: the workers that answer are
+/// counted, the shards of those that do not are reported as unreadable.
+async fn stats_each_node(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
+    let read = db::read_each_node(sql, "outbox_event", node_stats).await?;
+    let now: f64 = sql.query_scalar(EPOCH_NOW).fetch_one(sql.conn()).await?;
+    let mut stats = Stats {
+        unreadable_shards: read.unreadable_shards,
+        ..Stats::default()
+    };
+    let mut oldest: Option<f64> = None;
+    for answer in &read.answers {
+        let mut fields = answer.split(' ');
+        let mut field = || fields.next().unwrap_or("");
+        let (pending, first, dead) = (field(), field(), field());
+        let bad = || sqlx::Error::Protocol(format!("a worker's outbox figures: {answer:?}"));
+        stats.pending += pending.parse::<i64>().map_err(|_| bad())?;
+        stats.dead += dead.parse::<i64>().map_err(|_| bad())?;
+        if first != "-" {
+            let at = first.parse::<f64>().map_err(|_| bad())?;
+            oldest = Some(oldest.map_or(at, |o| o.min(at)));
+        }
+    }
+    stats.oldest_pending_age_secs = oldest.map_or(0.0, |at| (now - at).max(0.0));
+    Ok(stats)
 }
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).

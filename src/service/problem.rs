@@ -229,10 +229,15 @@ impl From<sqlx::Error> for Problem {
         // that a split or move has just replaced: it did nothing, and run again it is
         // planned for the shard that holds the rows now.
         const SHARD_REPLACED: &str = "could not find valid entry for shard";
+        // Class 08, a connection exception: on Citus, the coordinator could not reach
+        // the worker holding the tenant's shard (stopped, restarting, cut off). Only
+        // the tenants on that worker meet it, and their retries succeed once it is back.
+        const CONNECTION_EXCEPTION: &str = "08";
         let transient = match &err {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
             sqlx::Error::Database(db) => db.code().is_some_and(|c| {
                 UNAVAILABLE.contains(&c.as_ref())
+                    || c.starts_with(CONNECTION_EXCEPTION)
                     || (c == "XX000" && db.message().starts_with(SHARD_REPLACED))
             }),
             _ => false,

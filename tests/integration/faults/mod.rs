@@ -8,3 +8,5 @@
 mod database;
 /// A listening session that goes silent: nothing forgotten or erased is replayed.
 mod listener;
+/// A Citus worker that dies: only its own tenants notice.
+mod worker;

@@ -616,6 +616,59 @@ async fn a_permanently_failing_event_goes_dead_at_once_while_other_orders_flow_a
     assert_eq!(status_counts(&app.db).await.get("PUBLISHED"), Some(&8));
 }
 
+/// A park reads the events before its row in its statement's snapshot: one that began
+/// before a re-drive committed parks the order's next event behind an event it still
+/// sees DEAD, after the mark that published the re-driven event looked for a row to wake.
+/// The row must come back by itself: the race's outcome, set up directly, is an order
+/// whose first event is published and whose next one is parked behind nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_parked_behind_a_dead_one_comes_back_when_a_wake_up_missed_it() {
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app(
+        &moto_endpoint(),
+        &topic.arn,
+        &[("ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", "400")],
+    )
+    .await;
+    let (tenant, order) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at, status, attempts)
+         VALUES ($1, gen_random_uuid(), $2, 1, 'OrderCreated', jsonb_build_object('order', jsonb_build_object('id', $2::text), 'event_type', 'OrderCreated'), now(), now(), 'DEAD', 1),
+                ($1, gen_random_uuid(), $2, 2, 'OrderCancelled', jsonb_build_object('order', jsonb_build_object('id', $2::text), 'event_type', 'OrderCancelled'), now(), now(), 'PENDING', 0)",
+    )
+    .bind(tenant)
+    .bind(order)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let parked = format!(
+        "SELECT count(*) FROM outbox_event WHERE tenant_id = '{tenant}' AND aggregate_seq = 2
+           AND status = 'PENDING' AND next_attempt_at > now()"
+    );
+    app.db.until_count(&parked, 1).await;
+    // The re-drive's publish and mark, as the race leaves them: no wake-up reached the
+    // parked row.
+    sqlx::query(
+        "UPDATE outbox_event SET status = 'PUBLISHED', published_at = now()
+         WHERE tenant_id = $1 AND aggregate_id = $2 AND aggregate_seq = 1",
+    )
+    .bind(tenant)
+    .bind(order)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    app.db
+        .until_count(
+            &format!(
+                "SELECT count(*) FROM outbox_event WHERE tenant_id = '{tenant}' AND status = 'PUBLISHED'"
+            ),
+            2,
+        )
+        .await;
+    let messages = topic.collect(1).await;
+    assert_eq!(by_order(&messages)[&order.to_string()], ["OrderCancelled"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_that_commits_late_is_not_skipped() {
     let topic = Topic::create(false).await;

@@ -57,9 +57,9 @@ async fn on_server(admin: &str, sql: String) {
 
 /// `name` on every node of the Citus cluster, ready for orderd's migrations: the
 /// extension everywhere, the coordinator knowing itself and its workers.
-async fn prepare_citus(coordinator: &str, name: &str) {
+async fn prepare_citus(coordinator: &str, name: &str, reach: &dyn Fn(usize, &str) -> String) {
     create_on_every_node(coordinator, name).await;
-    enable_citus(coordinator, name).await;
+    enable_citus_reaching(coordinator, name, reach).await;
 }
 
 /// An empty database `name` on the coordinator and on every worker.
@@ -78,6 +78,16 @@ async fn create_on_every_node(coordinator: &str, name: &str) {
 /// The extension in `name` on every node, the coordinator knowing itself and its
 /// workers there, and a small shard count for what it distributes next.
 async fn enable_citus(coordinator: &str, name: &str) {
+    enable_citus_reaching(coordinator, name, &|_, address| address.to_string()).await
+}
+
+/// [`enable_citus`], the coordinator reaching worker `i` (from 0) at `reach(i, its
+/// host:port)`: a proxy of a test's own in front of it, say.
+async fn enable_citus_reaching(
+    coordinator: &str,
+    name: &str,
+    reach: &dyn Fn(usize, &str) -> String,
+) {
     let nodes: Vec<String> = std::iter::once(coordinator.to_string())
         .chain(citus_workers())
         .collect();
@@ -104,8 +114,10 @@ async fn enable_citus(coordinator: &str, name: &str) {
     let mut register = vec![format!(
         "SELECT citus_set_coordinator_host('{host}', {port})"
     )];
-    for worker in citus_workers() {
-        let (host, port) = host_port(&worker);
+    for (i, worker) in citus_workers().iter().enumerate() {
+        let (host, port) = host_port(worker);
+        let reached = reach(i, &format!("{host}:{port}"));
+        let (host, port) = reached.rsplit_once(':').expect("host:port");
         register.push(format!("SELECT citus_add_node('{host}', {port})"));
     }
     // Registering a node copies the roles to it, and two registrations at once collide
@@ -165,8 +177,20 @@ impl TestDb {
         if workers.is_empty() {
             on_server(&admin, format!(r#"CREATE DATABASE "{name}""#)).await;
         } else {
-            prepare_citus(&admin, &name).await;
+            prepare_citus(&admin, &name, &|_, address| address.to_string()).await;
         }
+        Self::migrated(admin, name, workers).await
+    }
+
+    /// On the Citus cluster, a database whose coordinator reaches worker `i` (from 0) at
+    /// `reach(i, its host:port)` (a proxy the test switches, to stop or silence one
+    /// worker for this database alone).
+    pub async fn on_citus_reaching(reach: impl Fn(usize, &str) -> String) -> Self {
+        let admin = admin_url();
+        let workers = citus_workers();
+        assert!(!workers.is_empty(), "needs the Citus cluster");
+        let name = format!("orderd_test_{}", Uuid::new_v4().simple());
+        prepare_citus(&admin, &name, &reach).await;
         Self::migrated(admin, name, workers).await
     }
 
