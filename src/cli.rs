@@ -327,6 +327,17 @@ async fn reconcile(config: Config) -> anyhow::Result<()> {
             reconcile::KEPT_FINDINGS
         );
     }
+    if !report.complete() {
+        println!(
+            "unreadable shards: {} (their worker did not answer; they were not checked)",
+            report.unreadable_shards
+        );
+    }
+    anyhow::ensure!(
+        report.complete(),
+        "reconciliation left {} shards unchecked: not a clean pass",
+        report.unreadable_shards
+    );
     anyhow::ensure!(
         report.clean(),
         "reconciliation found {} orders without event and {} keys without order",

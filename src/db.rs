@@ -36,7 +36,10 @@ mod listen;
 mod nodes;
 
 pub use self::listen::{Heard, ListenOn, Liveness, listen};
-pub use self::nodes::{EachNode, NODE_CONNECT_TIMEOUT, on_nodes_answering, read_each_node};
+pub use self::nodes::{
+    EachNode, NODE_CONNECT_TIMEOUT, Node, as_json_rows, nodes_of, on_nodes_answering,
+    read_each_node, rows_of_each_node, run_on, text_literal, time_literal,
+};
 
 settings! {
     /// How the process reaches PostgreSQL.

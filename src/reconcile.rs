@@ -22,7 +22,7 @@ use sqlx::postgres::PgConnectOptions;
 
 use crate::{
     config::{parse, range, settings},
-    db::{Db, SessionLock},
+    db::{self, Db, SessionLock},
     metrics,
     supervisor::{Every, First, Run, Schedule},
 };
@@ -184,21 +184,291 @@ pub struct Report {
     pub keys_without_order: u64,
     pub orders: Vec<OrderWithoutEvent>,
     pub keys: Vec<KeyWithoutOrder>,
+    /// On a distributed database, the shards left unchecked because their worker did
+    /// not answer: a pass that leaves any is incomplete, never clean.
+    pub unreadable_shards: u64,
 }
 
 impl Report {
-    /// Whether anything is wrong.
+    /// Whether everything was checked and nothing is wrong.
     pub fn clean(&self) -> bool {
-        self.orders_without_event == 0 && self.keys_without_order == 0
+        self.orders_without_event == 0 && self.keys_without_order == 0 && self.complete()
+    }
+
+    /// Whether every shard was read.
+    pub fn complete(&self) -> bool {
+        self.unreadable_shards == 0
+    }
+
+    fn order_without_event(&mut self, tenant_id: Uuid, order_id: Uuid, status: &str) {
+        self.orders_without_event += 1;
+        if self.orders.len() < KEPT_FINDINGS {
+            self.orders.push(OrderWithoutEvent {
+                tenant_id,
+                order_id,
+                status: status.to_string(),
+            });
+        }
+    }
+
+    fn key_without_order(&mut self, tenant_id: Uuid, endpoint: &str, idem_key: &str) {
+        self.keys_without_order += 1;
+        if self.keys.len() < KEPT_FINDINGS {
+            self.keys.push(KeyWithoutOrder {
+                tenant_id,
+                endpoint: endpoint.to_string(),
+                idem_key: idem_key.to_string(),
+            });
+        }
     }
 }
 
-/// One full pass: every order changed within `window`, every completed key.
+/// One full pass: every order changed within `window`, every completed key. On a
+/// distributed database, worker by worker (see [`check_each_node`]).
 pub async fn reconcile_once(db: &Db, window: Duration, batch: i64) -> sqlx::Result<Report> {
     let mut report = Report::default();
-    check_orders(db, window, batch, &mut report).await?;
-    check_keys(db, batch, &mut report).await?;
+    if db.distributed() {
+        check_each_node(db, window, batch, &mut report).await?;
+    } else {
+        check_orders(db, window, batch, &mut report).await?;
+        check_keys(db, batch, &mut report).await?;
+    }
     Ok(report)
+}
+
+/// The time `$1` seconds before the database's.
+const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
+
+/// An order of a worker's page, with whether its event was found there.
+#[derive(serde::Deserialize)]
+struct NodeOrder {
+    tenant_id: Uuid,
+    id: Uuid,
+    status: String,
+    updated_at: DateTime<Utc>,
+    has_event: bool,
+}
+
+/// A completed key of a worker's page, with whether the order its success names was
+/// found there.
+#[derive(serde::Deserialize)]
+struct NodeKey {
+    tenant_id: Uuid,
+    endpoint: String,
+    idem_key: String,
+    expires_at: DateTime<Utc>,
+    success: bool,
+    order_id: Option<String>,
+    order_exists: bool,
+}
+
+/// One page of a worker's orders changed since `since`, after the keyset cursor
+/// `after`, each with whether its current state's event is in the worker's outbox
+/// shards (co-located: a tenant's orders and events are on one worker).
+fn node_orders_page(
+    node: &db::Node,
+    since: DateTime<Utc>,
+    after: &OrderCursor,
+    batch: i64,
+) -> String {
+    let expected: String = STATUS_EVENTS
+        .iter()
+        .map(|(status, event)| format!(" WHEN '{status}' THEN '{event}'"))
+        .collect();
+    format!(
+        "SELECT orders.tenant_id, orders.id, orders.status, orders.updated_at,
+                EXISTS (SELECT 1 FROM {outbox}
+                        WHERE outbox_event.tenant_id = orders.tenant_id
+                          AND outbox_event.aggregate_id = orders.id
+                          AND outbox_event.aggregate_seq = orders.version
+                          AND outbox_event.event_type = CASE orders.status{expected} END) AS has_event
+         FROM {orders}
+         WHERE orders.updated_at > {since}
+           AND (orders.updated_at, orders.tenant_id, orders.id) > ({at}, '{tenant}'::uuid, '{id}'::uuid)
+         ORDER BY orders.updated_at, orders.tenant_id, orders.id
+         LIMIT {batch}",
+        outbox = node.part("outbox_event"),
+        orders = node.part("orders"),
+        since = db::time_literal(since),
+        at = db::time_literal(after.0),
+        tenant = after.1,
+        id = after.2,
+    )
+}
+
+/// One page of a worker's completed keys after the keyset cursor `after` (see
+/// [`KEYS_PAGE_SQL`]), each with whether the order its success names is in the
+/// worker's order shards.
+fn node_keys_page(node: &db::Node, after: &KeyCursor, batch: i64) -> String {
+    format!(
+        "SELECT k.tenant_id, k.endpoint, k.idem_key, k.expires_at, k.success, k.order_id,
+                EXISTS (SELECT 1 FROM {orders}
+                        WHERE orders.tenant_id = k.tenant_id AND orders.id = u.order_uuid) AS order_exists
+         FROM (SELECT idempotency_record.tenant_id, endpoint, idem_key, expires_at,
+                      response_status BETWEEN 200 AND 299 AS success,
+                      CASE WHEN response_status NOT BETWEEN 200 AND 299 THEN NULL
+                           WHEN resource_id IS NOT NULL THEN resource_id::text
+                           WHEN response_key_id IS NULL
+                           THEN convert_from(response_body, 'UTF8')::jsonb ->> 'id' END AS order_id
+               FROM {records}
+               WHERE state = 'COMPLETED'
+                 AND (expires_at, idempotency_record.tenant_id, endpoint, idem_key)
+                     > ({at}, '{tenant}'::uuid, {endpoint}, {key})
+               ORDER BY expires_at, idempotency_record.tenant_id, endpoint, idem_key
+               LIMIT {batch}) k
+         CROSS JOIN LATERAL (
+             SELECT CASE WHEN k.order_id ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$'
+                         THEN k.order_id::uuid END AS order_uuid) u",
+        orders = node.part("orders"),
+        records = node.part("idempotency_record"),
+        at = db::time_literal(after.0),
+        tenant = after.1,
+        endpoint = db::text_literal(&after.2),
+        key = db::text_literal(&after.3),
+    )
+}
+
+/// Where a worker's walk over its orders stands: the last order's change, tenant, id.
+type OrderCursor = (DateTime<Utc>, Uuid, Uuid);
+/// Where a worker's walk over its keys stands: the last key's expiry, tenant,
+/// endpoint, key.
+type KeyCursor = (DateTime<Utc>, Uuid, String, String);
+
+/// Both walks on a distributed database, each worker on its own: one command per
+/// worker and page, over the worker's shards (orders with their events, keys with
+/// their orders), in parallel, each worker with its own keyset cursor. A worker that
+/// does not answer is left out, its shards counted in [`Report::unreadable_shards`],
+/// and the others are checked to the end.
+async fn check_each_node(
+    db: &Db,
+    window: Duration,
+    batch: i64,
+    report: &mut Report,
+) -> sqlx::Result<()> {
+    let tables = ["orders", "outbox_event", "idempotency_record"];
+    let (nodes, since) = db
+        .run(async |sql| {
+            let nodes = db::nodes_of(sql, &tables).await?;
+            let since: DateTime<Utc> = sql
+                .query_scalar(SECONDS_AGO)
+                .bind(window.as_secs_f64() as i64)
+                .fetch_one(sql.conn())
+                .await?;
+            Ok::<_, sqlx::Error>((nodes, since))
+        })
+        .await?;
+    let mut unreadable = std::collections::BTreeSet::new();
+    let start: OrderCursor = (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil(), Uuid::nil());
+    let orders = Walk {
+        nodes: &nodes,
+        batch,
+        order: "r.updated_at, r.tenant_id, r.id",
+    };
+    orders
+        .run(
+            db,
+            start,
+            |node, after| node_orders_page(node, since, after, batch),
+            |row: &NodeOrder| (row.updated_at, row.tenant_id, row.id),
+            &mut unreadable,
+            |row: &NodeOrder| {
+                report.orders_checked += 1;
+                if !row.has_event {
+                    report.order_without_event(row.tenant_id, row.id, &row.status);
+                }
+            },
+        )
+        .await?;
+    let start: KeyCursor = (
+        DateTime::<Utc>::UNIX_EPOCH,
+        Uuid::nil(),
+        String::new(),
+        String::new(),
+    );
+    let keys = Walk {
+        nodes: &nodes,
+        batch,
+        order: "r.expires_at, r.tenant_id, r.endpoint, r.idem_key",
+    };
+    keys.run(
+        db,
+        start,
+        |node, after| node_keys_page(node, after, batch),
+        |row: &NodeKey| {
+            (
+                row.expires_at,
+                row.tenant_id,
+                row.endpoint.clone(),
+                row.idem_key.clone(),
+            )
+        },
+        &mut unreadable,
+        |row: &NodeKey| {
+            report.keys_checked += 1;
+            if row.success && (named_order(&row.order_id).is_none() || !row.order_exists) {
+                report.key_without_order(row.tenant_id, &row.endpoint, &row.idem_key);
+            }
+        },
+    )
+    .await?;
+    report.unreadable_shards = unreadable
+        .iter()
+        .map(|i| nodes[*i].shards_of("orders") as u64)
+        .sum();
+    Ok(())
+}
+
+/// A keyset walk over every worker at once, a cursor each.
+struct Walk<'n> {
+    nodes: &'n [db::Node],
+    batch: i64,
+    /// The columns of a page that order it (its keyset).
+    order: &'static str,
+}
+
+impl Walk<'_> {
+    /// Pages through every worker not yet in `unreadable`, from `start`: `page` builds
+    /// a worker's next page after its cursor, `cursor_of` reads a row's place, `each`
+    /// sees every row. A worker that does not answer joins `unreadable`.
+    async fn run<C: Clone, R: serde::de::DeserializeOwned>(
+        &self,
+        db: &Db,
+        start: C,
+        page: impl Fn(&db::Node, &C) -> String,
+        cursor_of: impl Fn(&R) -> C,
+        unreadable: &mut std::collections::BTreeSet<usize>,
+        mut each: impl FnMut(&R),
+    ) -> sqlx::Result<()> {
+        let mut walking: Vec<(usize, C)> = (0..self.nodes.len())
+            .filter(|i| !unreadable.contains(i))
+            .map(|i| (i, start.clone()))
+            .collect();
+        while !walking.is_empty() {
+            let commands: Vec<(&db::Node, String)> = walking
+                .iter()
+                .map(|(i, after)| {
+                    let node = &self.nodes[*i];
+                    (node, db::as_json_rows(&page(node, after), Some(self.order)))
+                })
+                .collect();
+            let results = db.run(async |sql| db::run_on(sql, &commands).await).await?;
+            let mut next = Vec::new();
+            for ((i, _), result) in walking.iter().zip(results) {
+                let Ok(answer) = result else {
+                    unreadable.insert(*i);
+                    continue;
+                };
+                let rows: Vec<R> =
+                    serde_json::from_str(&answer).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                rows.iter().for_each(&mut each);
+                if let Some(last) = rows.last().filter(|_| rows.len() as i64 == self.batch) {
+                    next.push((*i, cursor_of(last)));
+                }
+            }
+            walking = next;
+        }
+        Ok(())
+    }
 }
 
 /// The keyset walk over orders. The cursor starts at the epoch: no order is older.
@@ -245,14 +515,7 @@ async fn check_orders(
             .await?;
         report.orders_checked += rows.len() as u64;
         for (tenant_id, order_id, status, ..) in without_event(&rows, &events) {
-            report.orders_without_event += 1;
-            if report.orders.len() < KEPT_FINDINGS {
-                report.orders.push(OrderWithoutEvent {
-                    tenant_id: *tenant_id,
-                    order_id: *order_id,
-                    status: status.clone(),
-                });
-            }
+            report.order_without_event(*tenant_id, *order_id, status);
         }
         match rows.last() {
             Some((tenant, id, _, _, updated_at)) if rows.len() as i64 == batch => {
@@ -309,14 +572,7 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
             let missing = *success
                 && named_order(order_id).is_none_or(|id| !existing.contains(&(*tenant_id, id)));
             if missing {
-                report.keys_without_order += 1;
-                if report.keys.len() < KEPT_FINDINGS {
-                    report.keys.push(KeyWithoutOrder {
-                        tenant_id: *tenant_id,
-                        endpoint: endpoint.clone(),
-                        idem_key: idem_key.clone(),
-                    });
-                }
+                report.key_without_order(*tenant_id, endpoint, idem_key);
             }
         }
         match rows.last() {
@@ -328,7 +584,10 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
     }
 }
 
-/// Logs the kept findings (ids, never bodies) and sets the gauges.
+/// Logs the kept findings (ids, never bodies) and sets the gauges. A pass that could
+/// not read every shard logs what it found but sets nothing: the gauges keep the last
+/// complete pass's figures and its time, so an unread shard is never reported clean
+/// (and a worker dead for long raises `OrderdReconcileNotRunning`).
 fn publish(report: &Report) {
     for order in &report.orders {
         tracing::error!(
@@ -346,6 +605,15 @@ fn publish(report: &Report) {
             idempotency_key = %key.idem_key,
             "reconciliation: a stored success names an order that does not exist"
         );
+    }
+    if !report.complete() {
+        tracing::error!(
+            unreadable_shards = report.unreadable_shards,
+            orders_without_event = report.orders_without_event,
+            keys_without_order = report.keys_without_order,
+            "reconciliation incomplete: a worker did not answer; the gauges keep the last complete pass"
+        );
+        return;
     }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -401,6 +669,10 @@ pub async fn run(
     while schedule.next().await {
         let turn = async {
             match pass_if_alone(&db, &lock_on, window, RECONCILE_BATCH).await {
+                Ok(Some(report)) if !report.complete() => Run::Failed(format!(
+                    "reconciliation pass left {} shards unread",
+                    report.unreadable_shards
+                )),
                 Ok(Some(_)) => Run::Done,
                 Ok(None) => Run::Skipped,
                 Err(e) => Run::Failed(format!("reconciliation pass: {e}")),

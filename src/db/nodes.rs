@@ -31,32 +31,84 @@ pub struct EachNode {
     pub unreachable: Vec<String>,
 }
 
-/// Each node holding shards of the table `$1`, with the names of its shards.
-const PLACEMENTS: &str = "SELECT n.nodename::text, n.nodeport,
+/// Each node holding shards of the tables `$1`, with the names of its shards of each.
+const PLACEMENTS: &str = "SELECT n.nodename::text, n.nodeport, s.logicalrelid::text,
             array_agg(shard_name(s.logicalrelid, s.shardid)::text ORDER BY s.shardid)
      FROM pg_dist_shard s
      JOIN pg_dist_placement p USING (shardid)
      JOIN pg_dist_node n USING (groupid)
-     WHERE s.logicalrelid = $1::regclass AND n.noderole = 'primary'
-     GROUP BY n.nodename, n.nodeport
+     WHERE s.logicalrelid = ANY ($1::regclass[]) AND n.noderole = 'primary'
+     GROUP BY n.nodename, n.nodeport, s.logicalrelid
      ORDER BY n.nodename, n.nodeport";
 
 /// One command per node, run in parallel on connections of their own.
 const RUN_ON_NODES: &str =
     "SELECT success, result FROM master_run_on_worker($1::text[], $2::int[], $3::text[], true)";
 
-/// Runs `query` once on every node holding shards of `table` and gathers the answers.
-///
-/// `query` is given the `FROM` item standing for the node's part of the table (its
-/// shards, `UNION ALL`, under the table's own name, so that the planner reaches each
-/// shard's indexes) and must be a statement returning one row of one value, which comes
-/// back as text. Values it needs from the coordinator (a time) go in as literals: the
-/// command runs on the worker, whose clock is its own.
-pub async fn read_each_node(
+/// A worker holding shards of the tables it was found for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// `host:port`, as the coordinator's metadata names it.
+    pub name: String,
+    host: String,
+    port: i32,
+    /// Its shards of each table.
+    shards: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Node {
+    /// The `FROM` item standing for this node's part of `table`: its shards,
+    /// `UNION ALL`, under the table's own name, so that the planner reaches each
+    /// shard's indexes. Co-located tables have a tenant's shards on one node, so a
+    /// join of two such parts on the tenant is the join of the tables there.
+    pub fn part(&self, table: &str) -> String {
+        part_of(
+            table,
+            self.shards.get(table).map(Vec::as_slice).unwrap_or(&[]),
+        )
+    }
+
+    /// How many shards of `table` it holds.
+    pub fn shards_of(&self, table: &str) -> usize {
+        self.shards.get(table).map_or(0, Vec::len)
+    }
+}
+
+/// The nodes holding shards of `tables`, with their shards of each.
+pub async fn nodes_of(sql: &mut Sql<'_>, tables: &[&str]) -> sqlx::Result<Vec<Node>> {
+    let rows: Vec<(String, i32, String, Vec<String>)> = sql
+        .query_as(PLACEMENTS)
+        .bind(tables)
+        .fetch_all(sql.conn())
+        .await?;
+    let mut nodes: Vec<Node> = Vec::new();
+    for (host, port, table, shards) in rows {
+        let name = format!("{host}:{port}");
+        if nodes.last().is_none_or(|n| n.name != name) {
+            nodes.push(Node {
+                name,
+                host,
+                port,
+                shards: Default::default(),
+            });
+        }
+        if let Some(node) = nodes.last_mut() {
+            node.shards.insert(table, shards);
+        }
+    }
+    Ok(nodes)
+}
+
+/// Runs each command on its node, in parallel, each on a connection of its own with a
+/// connection timeout of [`NODE_CONNECT_TIMEOUT`]: for each, the one value it returned
+/// (as text), or why the node did not answer.
+pub async fn run_on(
     sql: &mut Sql<'_>,
-    table: &str,
-    query: impl Fn(&str) -> String,
-) -> sqlx::Result<EachNode> {
+    commands: &[(&Node, String)],
+) -> sqlx::Result<Vec<Result<String, String>>> {
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
     sql.atomically(async |sql| {
         let timeout = format!(
             "SET LOCAL citus.node_connection_timeout = {}",
@@ -65,42 +117,104 @@ pub async fn read_each_node(
         sql.query(sqlx::AssertSqlSafe(timeout))
             .execute(sql.conn())
             .await?;
-        let nodes: Vec<(String, i32, Vec<String>)> = sql
-            .query_as(PLACEMENTS)
-            .bind(table)
-            .fetch_all(sql.conn())
-            .await?;
-        let commands: Vec<String> = nodes
-            .iter()
-            .map(|(_, _, shards)| query(&part_of(table, shards)))
-            .collect();
-        let hosts: Vec<&str> = nodes.iter().map(|(host, _, _)| host.as_str()).collect();
-        let ports: Vec<i32> = nodes.iter().map(|(_, port, _)| *port).collect();
+        let hosts: Vec<&str> = commands.iter().map(|(n, _)| n.host.as_str()).collect();
+        let ports: Vec<i32> = commands.iter().map(|(n, _)| n.port).collect();
+        let texts: Vec<&str> = commands.iter().map(|(_, c)| c.as_str()).collect();
         let results: Vec<(bool, Option<String>)> = sql
             .query_as(RUN_ON_NODES)
             .bind(&hosts)
             .bind(&ports)
-            .bind(&commands)
+            .bind(&texts)
             .fetch_all(sql.conn())
             .await?;
-        let mut read = EachNode::default();
-        for ((host, port, shards), (success, result)) in nodes.iter().zip(results) {
-            if success {
-                read.answers.push(result.unwrap_or_default());
-            } else {
-                tracing::warn!(
-                    node = %format!("{host}:{port}"),
-                    shards = shards.len(),
-                    error = result.as_deref().unwrap_or(""),
-                    "a worker did not answer; its shards are left out of this read"
-                );
-                read.unreadable_shards += shards.len() as u64;
-                read.unreachable.push(format!("{host}:{port}"));
-            }
-        }
-        Ok(End::Commit(read))
+        let answers = commands
+            .iter()
+            .zip(results)
+            .map(|((node, _), (success, result))| {
+                let result = result.unwrap_or_default();
+                if success {
+                    Ok(result)
+                } else {
+                    tracing::warn!(
+                        node = %node.name,
+                        error = %result,
+                        "a worker did not answer; its shards are left out of this read"
+                    );
+                    Err(result)
+                }
+            })
+            .collect();
+        Ok(End::Commit(answers))
     })
     .await
+}
+
+/// Runs `query` once on every node holding shards of `table` and gathers the answers.
+///
+/// `query` is given the `FROM` item standing for the node's part of the table (see
+/// [`Node::part`]) and must be a statement returning one row of one value, which comes
+/// back as text. Values it needs from the coordinator (a time) go in as literals: the
+/// command runs on the worker, whose clock is its own.
+pub async fn read_each_node(
+    sql: &mut Sql<'_>,
+    table: &str,
+    query: impl Fn(&str) -> String,
+) -> sqlx::Result<EachNode> {
+    let nodes = nodes_of(sql, &[table]).await?;
+    let commands: Vec<(&Node, String)> = nodes
+        .iter()
+        .map(|node| (node, query(&node.part(table))))
+        .collect();
+    let results = run_on(sql, &commands).await?;
+    let mut read = EachNode::default();
+    for (node, result) in nodes.iter().zip(results) {
+        match result {
+            Ok(answer) => read.answers.push(answer),
+            Err(_) => {
+                read.unreadable_shards += node.shards_of(table) as u64;
+                read.unreachable.push(node.name.clone());
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// A text value as an SQL literal for a command run on a worker (standard conforming
+/// strings: a quote is doubled).
+pub fn text_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// [`read_each_node`] for a query returning rows: each node's rows come back as one
+/// JSON array, read into `T` (a struct whose fields are the query's columns).
+pub async fn rows_of_each_node<T: serde::de::DeserializeOwned>(
+    sql: &mut Sql<'_>,
+    table: &str,
+    query: impl Fn(&str) -> String,
+) -> sqlx::Result<(Vec<T>, EachNode)> {
+    let read = read_each_node(sql, table, |part| as_json_rows(&query(part), None)).await?;
+    let mut rows = Vec::new();
+    for answer in &read.answers {
+        let node: Vec<T> =
+            serde_json::from_str(answer).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        rows.extend(node);
+    }
+    Ok((rows, read))
+}
+
+/// `query`'s rows as one value, a JSON array of objects (a command run on a node
+/// returns one value), in the order of `order_by` (columns of the query) when given.
+pub fn as_json_rows(query: &str, order_by: Option<&str>) -> String {
+    let order = order_by.map_or(String::new(), |columns| format!(" ORDER BY {columns}"));
+    format!("SELECT coalesce(json_agg(row_to_json(r){order}), '[]')::text FROM ({query}) r")
+}
+
+/// A time from the coordinator as a literal for a command run on a worker.
+pub fn time_literal(at: chrono::DateTime<chrono::Utc>) -> String {
+    format!(
+        "'{}'::timestamptz",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    )
 }
 
 /// Of the tenants `$2`, those whose shard of table `$1` is on none of the nodes `$3`

@@ -397,6 +397,7 @@ impl Guard {
                             conn: None,
                         });
                     }
+                    lost_race(&mut pause, wait_until).await?;
                 }
                 Step::TakeOver { seen_owner } => {
                     let taken = self
@@ -418,6 +419,7 @@ impl Guard {
                             conn: None,
                         });
                     }
+                    lost_race(&mut pause, wait_until).await?;
                 }
                 Step::Wait { lease_remaining } => {
                     let now = tokio::time::Instant::now();
@@ -552,6 +554,27 @@ impl Guard {
 }
 
 /// Counts a guarded request's outcome.
+/// After a reclaim or a takeover found the row changed since it was read (another
+/// request got there first, or, on Citus, the worker's clock that read the lease as
+/// run out is ahead of the coordinator's, which judges the compare-and-set): a short
+/// pause, then a fresh look, within the in-flight wait; past it, 409 as for a live
+/// lease. Without it the loop would read and fail again at once for as long as the
+/// clocks disagree.
+async fn lost_race<E>(
+    pause: &mut Duration,
+    wait_until: tokio::time::Instant,
+) -> Result<(), GuardError<E>> {
+    let now = tokio::time::Instant::now();
+    if now >= wait_until {
+        return Err(GuardError::InFlight {
+            retry_after: retry_after(Duration::ZERO),
+        });
+    }
+    tokio::time::sleep((*pause).min(wait_until - now)).await;
+    *pause = (*pause * 2).min(Duration::from_millis(50));
+    Ok(())
+}
+
 fn observe<E>(
     scope: &Scope,
     result: Result<(Answer, Outcome), GuardError<E>>,

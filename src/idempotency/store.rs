@@ -33,7 +33,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::{End, Purged, Sql};
+use crate::db::{self, End, Purged, Sql};
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -821,11 +821,14 @@ pub async fn release(sql: &mut Sql<'_>, scope: &Scope, owner: Uuid) -> sqlx::Res
 /// Deletes up to `batch` of the oldest completed keys past retention, one statement
 /// per tenant.
 pub async fn purge_expired(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<Purged> {
-    let groups = sql
-        .query_as(PURGEABLE_EXPIRED.as_str())
-        .bind(batch)
-        .fetch_all(sql.conn())
-        .await?;
+    let groups = if sql.distributed() {
+        purgeable_each_node(sql, &PAST_RETENTION, 0, batch).await?
+    } else {
+        sql.query_as(PURGEABLE_EXPIRED.as_str())
+            .bind(batch)
+            .fetch_all(sql.conn())
+            .await?
+    };
     delete_by_tenant(sql, PURGE_EXPIRED.as_str(), groups).await
 }
 
@@ -836,13 +839,60 @@ pub async fn purge_abandoned(
     grace_secs: i64,
     batch: i64,
 ) -> sqlx::Result<Purged> {
-    let groups = sql
-        .query_as(PURGEABLE_ABANDONED.as_str())
-        .bind(grace_secs)
-        .bind(batch)
-        .fetch_all(sql.conn())
-        .await?;
+    let groups = if sql.distributed() {
+        purgeable_each_node(sql, &ABANDONED, grace_secs, batch).await?
+    } else {
+        sql.query_as(PURGEABLE_ABANDONED.as_str())
+            .bind(grace_secs)
+            .bind(batch)
+            .fetch_all(sql.conn())
+            .await?
+    };
     delete_by_tenant(sql, PURGE_ABANDONED.as_str(), groups).await
+}
+
+/// The time `$1` seconds before the database's.
+const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
+
+/// One tenant's records a worker found for a purge.
+#[derive(serde::Deserialize)]
+struct NodePurgeable {
+    tenant_id: Uuid,
+    endpoints: Vec<String>,
+    keys: Vec<String>,
+}
+
+/// The read half of a purge on a distributed database, worker by worker, by the
+/// coordinator's cut-off (`seconds_ago` before its time): a worker that does not answer
+/// keeps its records until a later pass, and the others' are purged.
+async fn purgeable_each_node(
+    sql: &mut Sql<'_>,
+    of: &PurgeOf,
+    seconds_ago: i64,
+    batch: i64,
+) -> sqlx::Result<Vec<PurgeGroup>> {
+    let cut: DateTime<Utc> = sql
+        .query_scalar(SECONDS_AGO)
+        .bind(seconds_ago)
+        .fetch_one(sql.conn())
+        .await?;
+    let PurgeOf { state, column } = of;
+    let (rows, _) = db::rows_of_each_node(sql, "idempotency_record", |records| {
+        format!(
+            "SELECT tenant_id, array_agg(endpoint) AS endpoints, array_agg(idem_key) AS keys
+             FROM (SELECT tenant_id, endpoint, idem_key FROM {records}
+                   WHERE state = '{state}' AND {column} <= {}
+                   ORDER BY {column}
+                   LIMIT {batch}) oldest
+             GROUP BY tenant_id",
+            db::time_literal(cut)
+        )
+    })
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r: NodePurgeable| (r.tenant_id, r.endpoints, r.keys, cut))
+        .collect())
 }
 
 /// One tenant's keys a purge found past retention: tenant, endpoints, keys (in step)

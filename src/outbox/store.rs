@@ -215,9 +215,9 @@ fn node_due_tenants(outbox: &str, at: DateTime<Utc>) -> String {
     format!(
         "SELECT coalesce(string_agg(tenant_id::text, ','), '')
          FROM (SELECT tenant_id FROM {outbox}
-               WHERE status = 'PENDING' AND next_attempt_at <= '{}'::timestamptz
+               WHERE status = 'PENDING' AND next_attempt_at <= {}
                GROUP BY tenant_id) due",
-        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        db::time_literal(at)
     )
 }
 
@@ -696,19 +696,59 @@ pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
     Ok(redriven)
 }
 
+/// The time `$1` seconds before the database's.
+const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
+
+/// [`PURGEABLE_PUBLISHED`] on one worker's shards `outbox`, by the coordinator's
+/// cut-off `cut` (see [`db::rows_of_each_node`]).
+fn node_purgeable_published(outbox: &str, cut: DateTime<Utc>, batch: i64) -> String {
+    format!(
+        "SELECT tenant_id, array_agg(event_id) AS events
+         FROM (SELECT tenant_id, event_id FROM {outbox}
+               WHERE status = 'PUBLISHED' AND published_at <= {}
+               ORDER BY published_at
+               LIMIT {batch}) oldest
+         GROUP BY tenant_id",
+        db::time_literal(cut)
+    )
+}
+
+/// One tenant's events a worker found past retention.
+#[derive(serde::Deserialize)]
+struct NodePurgeable {
+    tenant_id: Uuid,
+    events: Vec<Uuid>,
+}
+
 /// Deletes up to `batch` of the oldest events published more than `retention_secs`
-/// ago, one statement per tenant; returns how many it found and how many went.
+/// ago, one statement per tenant; returns how many it found and how many went. On a
+/// distributed database the candidates are read worker by worker: a worker that does
+/// not answer keeps its rows until a later pass, and the others are purged.
 pub async fn purge_published(
     sql: &mut Sql<'_>,
     retention_secs: i64,
     batch: i64,
 ) -> sqlx::Result<Purged> {
-    let groups: Vec<(Uuid, Vec<Uuid>, DateTime<Utc>)> = sql
-        .query_as(PURGEABLE_PUBLISHED)
-        .bind(retention_secs)
-        .bind(batch)
-        .fetch_all(sql.conn())
+    let groups: Vec<(Uuid, Vec<Uuid>, DateTime<Utc>)> = if sql.distributed() {
+        let cut: DateTime<Utc> = sql
+            .query_scalar(SECONDS_AGO)
+            .bind(retention_secs)
+            .fetch_one(sql.conn())
+            .await?;
+        let (rows, _) = db::rows_of_each_node(sql, "outbox_event", |outbox| {
+            node_purgeable_published(outbox, cut, batch)
+        })
         .await?;
+        rows.into_iter()
+            .map(|r: NodePurgeable| (r.tenant_id, r.events, cut))
+            .collect()
+    } else {
+        sql.query_as(PURGEABLE_PUBLISHED)
+            .bind(retention_secs)
+            .bind(batch)
+            .fetch_all(sql.conn())
+            .await?
+    };
     let mut purged = Purged::default();
     for (tenant, events, cutoff) in groups {
         purged.found += events.len() as u64;

@@ -42,16 +42,16 @@ async fn node_port_of(db: &TestDb, tenant: Uuid) -> i32 {
     .unwrap()
 }
 
-/// Three tenants whose shards are on the node at `port`, and three on another node.
+/// Three tenants whose shards are on the node at `port`, and four on another node.
 async fn tenants(db: &TestDb, port: u16) -> (Vec<Uuid>, Vec<Uuid>) {
     let (mut on_it, mut elsewhere) = (Vec::new(), Vec::new());
-    while on_it.len() < 3 || elsewhere.len() < 3 {
+    while on_it.len() < 3 || elsewhere.len() < 4 {
         let tenant = Uuid::new_v4();
         if node_port_of(db, tenant).await == i32::from(port) {
             if on_it.len() < 3 {
                 on_it.push(tenant);
             }
-        } else if elsewhere.len() < 3 {
+        } else if elsewhere.len() < 4 {
             elsewhere.push(tenant);
         }
     }
@@ -118,6 +118,16 @@ async fn creates(db: &TestDb, serve: &ServeProcess, tenants: &[Uuid], sku: &str)
         phase.lag.push(answered.elapsed());
     }
     phase
+}
+
+/// `orderd <args>` against `db`, run to its end.
+fn orderd_command(db: &TestDb, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_DB_STATEMENT_TIMEOUT_MS", "2000")
+        .output()
+        .unwrap()
 }
 
 fn quantile(mut values: Vec<Duration>, q: f64) -> f64 {
@@ -195,7 +205,9 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
     .await
     .unwrap();
     assert!(dead_shards > 0, "the second worker holds shards");
-    let (doomed, live) = tenants(&db, proxy.address.port()).await;
+    let (doomed, mut live) = tenants(&db, proxy.address.port()).await;
+    // A fourth tenant on the live worker, whose keys expire, for the purge.
+    let aged = live.pop().unwrap();
 
     let topic = Topic::create(false).await;
     let mut env = aws_env(&moto_endpoint());
@@ -213,6 +225,15 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
     let mut orders: Vec<(Uuid, Uuid)> = before.orders.clone();
     orders.extend(&doomed_before.orders);
     let mut retries = Vec::new();
+    let aged_before = creates(&db, &serve, &[aged], "AGED").await;
+    assert!(aged_before.statuses.iter().all(|s| *s == 201));
+    sqlx::query(
+        "UPDATE idempotency_record SET expires_at = '2000-01-01T00:00:00Z' WHERE tenant_id = $1",
+    )
+    .bind(aged)
+    .execute(&db.pool)
+    .await
+    .unwrap();
 
     for (fault, mode) in [("stopped", Mode::Refuse), ("silent", Mode::Silent)] {
         proxy.set(mode);
@@ -244,6 +265,24 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
             Some(0.0),
             "and report the rest: nothing of the live worker's is pending"
         );
+        // Reconciliation checks the rest and says it could not check everything; the
+        // purge goes on for the rest.
+        let reconcile = orderd_command(&db, &["reconcile"]);
+        let said = String::from_utf8_lossy(&reconcile.stdout).to_string();
+        assert_eq!(reconcile.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains(&format!("unreadable shards: {dead_shards}")),
+            "{said}"
+        );
+        let purge = orderd_command(&db, &["purge"]);
+        assert!(purge.status.success(), "{purge:?}");
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idempotency_record WHERE tenant_id = $1")
+                .bind(aged)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(left, 0, "the live worker's expired keys are purged");
         proxy.set(Mode::Forward);
         serve
             .metrics_until(|m| sample(m, "outbox_unreadable_shards") == Some(0.0))
@@ -281,15 +320,13 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let received = topic.collect(orders.len()).await;
+    // The aged tenant's orders, whose keys were purged, published their events too.
+    let events = orders.len() + aged_before.orders.len();
+    let received = topic.collect(events).await;
     let mut ids: Vec<String> = received.iter().map(|r| r.event_id()).collect();
     ids.sort();
     ids.dedup();
-    assert_eq!(
-        ids.len(),
-        orders.len(),
-        "every order's event reached the bus"
-    );
+    assert_eq!(ids.len(), events, "every order's event reached the bus");
     let keys: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idempotency_record WHERE tenant_id = ANY ($1)")
             .bind(doomed.iter().chain(&live).copied().collect::<Vec<_>>())

@@ -632,3 +632,66 @@ async fn post(base: &str, token: &str, key: &str, body: &serde_json::Value) -> (
         response.bytes().await.unwrap().to_vec(),
     )
 }
+
+/// A takeover whose compare-and-set keeps failing after the read said the lease had
+/// run out: what happens on Citus while the worker whose clock read the lease is ahead
+/// of the coordinator's, which judges the takeover. Here a trigger refuses every
+/// takeover and counts them (Citus takes no trigger on a distributed table, so the
+/// test runs on one server). The request keeps within the in-flight wait, pausing
+/// between looks, and answers 409 with `Retry-After`; it does not loop at full speed
+/// for as long as the clocks disagree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_that_keeps_losing_answers_409_within_the_in_flight_wait() {
+    if crate::support::on_citus() {
+        return;
+    }
+    let app = spawn_app_with(&[("ORDERD_INFLIGHT_WAIT_MS", "300")]).await;
+    let tenant = Uuid::new_v4();
+    let key = new_key();
+    let body = order_body("SKU-1", 1);
+    app.db
+        .insert_processing(
+            tenant,
+            &key,
+            &create_fingerprint(&body),
+            "-1 second",
+            DEAD_OWNER,
+        )
+        .await;
+    for statement in [
+        "CREATE TABLE takeover_attempts (n int NOT NULL)",
+        "INSERT INTO takeover_attempts VALUES (0)",
+        "CREATE FUNCTION refuse_takeover() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN UPDATE takeover_attempts SET n = n + 1; RETURN NULL; END $$",
+        "CREATE TRIGGER refuse_takeover BEFORE UPDATE ON idempotency_record
+         FOR EACH ROW EXECUTE FUNCTION refuse_takeover()",
+    ] {
+        sqlx::query(statement).execute(&app.db.pool).await.unwrap();
+    }
+    // A hang detector, far past any wait orderd keeps.
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let response = client
+        .post(format!("{}/v1/orders", app.base))
+        .bearer_auth(app.token(tenant))
+        .header("Idempotency-Key", &key)
+        .json(&body)
+        .send()
+        .await
+        .expect("the request answers");
+    let reply = crate::support::Reply::read(response).await;
+    reply.assert_problem(409, "idempotency-key-in-flight");
+    assert!(reply.header("retry-after").is_some());
+    let attempts: i32 = sqlx::query_scalar("SELECT n FROM takeover_attempts")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    println!("{attempts} takeover attempts within a 300 ms in-flight wait");
+    assert!(
+        (1..=20).contains(&attempts),
+        "{attempts} takeover attempts: a pause between them"
+    );
+    assert_eq!(app.count("orders").await, 0);
+}
