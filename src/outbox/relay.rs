@@ -283,6 +283,24 @@ impl Relay {
         if !unreadable.is_empty() {
             self.set_aside(&unreadable, claim).await?;
         }
+        if !batch.is_empty() && !may_still_publish(claiming.elapsed(), self.config.publish_timeout)
+        {
+            // Paused or stalled since the claim began (a stopped process, a claim that
+            // waited): publishing now could outlast the lease, and an erasure waits only
+            // that long for the relays. The rows fall due again for a fresh claim.
+            tracing::warn!(
+                events = batch.len(),
+                claimed_ms = claiming.elapsed().as_millis() as u64,
+                "the round's claim is too old to start publishing; leaving its events to a fresh claim"
+            );
+            return Ok(Round {
+                claimed: batch.len() + unreadable.len(),
+                dead: unreadable.len(),
+                parked,
+                more_tenants,
+                ..Round::default()
+            });
+        }
         if batch.is_empty() {
             return Ok(Round {
                 claimed: unreadable.len(),
@@ -645,6 +663,16 @@ async fn look(
     }
 }
 
+/// Whether a round whose claim began `since_claim` ago may still start publishing: only
+/// if a publish of `publish_timeout` ends within the claim's lease. After the lease no
+/// relay starts a publish of what it claimed: the rows may have been claimed again, or
+/// deleted by an erasure that waited one lease for the relays (the one publish that
+/// can still reach the bus after an erasure ends is one whose request left before the
+/// relay stalled).
+fn may_still_publish(since_claim: Duration, publish_timeout: Duration) -> bool {
+    since_claim + publish_timeout < claim_lease(publish_timeout)
+}
+
 /// Turns notifications on [`CHANNEL`] into wake-ups, learning the tenants they name
 /// (the writers' notifications on a distributed database); a connection lost or
 /// regained wakes the relay too and has it look at the table, since notifications in
@@ -670,4 +698,20 @@ async fn listen(
         shutdown,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_starts_publishing_only_while_the_publish_ends_within_the_lease() {
+        let timeout = Duration::from_secs(10);
+        // The lease is 16 s: a publish started before 6 s ends within it.
+        assert!(may_still_publish(Duration::from_millis(50), timeout));
+        assert!(may_still_publish(Duration::from_millis(5_999), timeout));
+        assert!(!may_still_publish(Duration::from_secs(6), timeout));
+        // A relay stopped for a minute after its claim publishes nothing of it.
+        assert!(!may_still_publish(Duration::from_secs(60), timeout));
+    }
 }

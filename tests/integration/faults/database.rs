@@ -118,3 +118,49 @@ async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doub
         "and one event per order"
     );
 }
+
+/// An ambiguous commit: the connection is cut just after the create's statement went
+/// out (on one server the order, its event and the fenced completion are one statement
+/// that commits on its own), so orderd cannot know whether it committed (it did: the
+/// server had the message). The request answers 503 with `Retry-After`; the claim's completion was
+/// fenced into that same commit, so the retry with the same key replays the stored
+/// answer, and the key made one order and one event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
+    let db = TestDb::new().await;
+    let (proxy, through) = in_front_of_db(&db.url).await;
+    let app = spawn_app_on(db, &[("DATABASE_URL", &through)]).await;
+    let tenant = Uuid::new_v4();
+    let token = app.token(tenant);
+    let warm = app
+        .create(&token, &new_key(), &order_body("WARM-1", 1))
+        .await;
+    assert_eq!(warm.status, 201);
+
+    proxy.set(Mode::CutAfter("AMBIGUOUS-1"));
+    let key = new_key();
+    let body = order_body("AMBIGUOUS-1", 1);
+    let cut = app.create(&token, &key, &body).await;
+    proxy.set(Mode::Forward);
+    cut.assert_problem(503, "service-unavailable");
+    assert!(cut.header("retry-after").is_some());
+
+    let retry = app.create(&token, &key, &body).await;
+    assert_eq!(retry.status, 201, "{}", retry.json());
+    assert_eq!(
+        retry.header("idempotent-replayed").as_deref(),
+        Some("true"),
+        "the first attempt committed: the retry replays it"
+    );
+    let again = app.create(&token, &key, &body).await;
+    assert_eq!(again.body, retry.body, "byte-exact");
+    let (orders, events): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM orders WHERE tenant_id = $1),
+                (SELECT count(*) FROM outbox_event WHERE tenant_id = $1)",
+    )
+    .bind(tenant)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((orders, events), (2, 2), "one order and one event per key");
+}

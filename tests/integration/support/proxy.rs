@@ -3,7 +3,10 @@
 //! responses (the server received and processed the request, but the answer does not
 //! reach orderd yet), or go silent (packets dropped by a firewall that forgot the flow:
 //! nothing passes either way, no connection is closed, a new one never completes;
-//! once healed, what was held goes through, as TCP's retransmissions would).
+//! once healed, what was held goes through, as TCP's retransmissions would), or cut a
+//! connection just after a request carrying given bytes went out (a statement that
+//! commits on its own, or a `COMMIT`: the server commits, the answer never arrives, an
+//! ambiguous commit).
 
 use std::net::SocketAddr;
 
@@ -19,6 +22,8 @@ pub enum Mode {
     Refuse,
     HoldResponses,
     Silent,
+    /// Cut each connection just after it sends a request holding these bytes.
+    CutAfter(&'static str),
 }
 
 /// Waits while `mode` is one of `held`; says whether the connection may go on (not
@@ -83,6 +88,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let mut sending = mode.clone();
+    let cut = std::sync::atomic::AtomicBool::new(false);
     let requests = async {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -91,7 +97,23 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
                     if !pass(&mut sending, &[Mode::Silent]).await {
                         return;
                     }
+                    let cutting = match *sending.borrow() {
+                        Mode::CutAfter(marker) => buf[..n]
+                            .windows(marker.len())
+                            .any(|w| w == marker.as_bytes()),
+                        _ => false,
+                    };
+                    if cutting {
+                        // No answer goes back from here on.
+                        cut.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     if server_write.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if cutting {
+                        // The server has the request; give it a moment to read it,
+                        // then cut the connection.
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         return;
                     }
                 }
@@ -105,7 +127,9 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
         loop {
             let n = server_read.read(&mut buf).await.ok().filter(|&n| n > 0)?;
             // While holding or silent, the answer waits here; a switch to Refuse drops it.
-            if !pass(&mut watcher, &[Mode::HoldResponses, Mode::Silent]).await {
+            if !pass(&mut watcher, &[Mode::HoldResponses, Mode::Silent]).await
+                || cut.load(std::sync::atomic::Ordering::SeqCst)
+            {
                 return None::<()>;
             }
             client_write.write_all(&buf[..n]).await.ok()?;
