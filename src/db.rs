@@ -37,8 +37,8 @@ mod nodes;
 
 pub use self::listen::{Heard, ListenOn, Liveness, listen};
 pub use self::nodes::{
-    EachNode, NODE_CONNECT_TIMEOUT, Node, as_json_rows, nodes_of, on_nodes_answering,
-    read_each_node, rows_of_each_node, run_on, text_literal, time_literal,
+    EachNode, NODE_CONNECT_TIMEOUT, Node, as_json_rows, json_rows, nodes_of, on_nodes_answering,
+    read_each_node, run_on, seconds_ago, text_literal, time_literal,
 };
 
 settings! {

@@ -236,9 +236,6 @@ pub async fn reconcile_once(db: &Db, window: Duration, batch: i64) -> sqlx::Resu
     Ok(report)
 }
 
-/// The time `$1` seconds before the database's.
-const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
-
 /// An order of a worker's page, with whether its event was found there.
 #[derive(serde::Deserialize)]
 struct NodeOrder {
@@ -349,11 +346,7 @@ async fn check_each_node(
     let (nodes, since) = db
         .run(async |sql| {
             let nodes = db::nodes_of(sql, &tables).await?;
-            let since: DateTime<Utc> = sql
-                .query_scalar(SECONDS_AGO)
-                .bind(window.as_secs_f64() as i64)
-                .fetch_one(sql.conn())
-                .await?;
+            let since = db::seconds_ago(sql, window.as_secs() as i64).await?;
             Ok::<_, sqlx::Error>((nodes, since))
         })
         .await?;
@@ -458,8 +451,7 @@ impl Walk<'_> {
                     unreadable.insert(*i);
                     continue;
                 };
-                let rows: Vec<R> =
-                    serde_json::from_str(&answer).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                let rows: Vec<R> = db::json_rows(&answer)?;
                 rows.iter().for_each(&mut each);
                 if let Some(last) = rows.last().filter(|_| rows.len() as i64 == self.batch) {
                     next.push((*i, cursor_of(last)));

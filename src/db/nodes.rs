@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{End, Sql};
@@ -21,10 +22,10 @@ use super::{End, Sql};
 pub const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What a read of every node found.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EachNode {
-    /// One answer per node that answered.
-    pub answers: Vec<String>,
+#[derive(Debug, Clone, PartialEq)]
+pub struct EachNode<T> {
+    /// The rows of the nodes that answered.
+    pub rows: Vec<T>,
     /// How many shards of the table live on the nodes that did not.
     pub unreadable_shards: u64,
     /// The nodes that did not answer, as `host:port`.
@@ -149,27 +150,32 @@ pub async fn run_on(
     .await
 }
 
-/// Runs `query` once on every node holding shards of `table` and gathers the answers.
+/// Runs `query` once on every node holding shards of `table` and gathers its rows.
 ///
 /// `query` is given the `FROM` item standing for the node's part of the table (see
-/// [`Node::part`]) and must be a statement returning one row of one value, which comes
-/// back as text. Values it needs from the coordinator (a time) go in as literals: the
-/// command runs on the worker, whose clock is its own.
-pub async fn read_each_node(
+/// [`Node::part`]); each node's rows come back as one JSON array ([`as_json_rows`]),
+/// read into `T` (a struct whose fields are the query's columns). Values it needs from
+/// the coordinator (a time) go in as literals: the command runs on the worker, whose
+/// clock is its own.
+pub async fn read_each_node<T: serde::de::DeserializeOwned>(
     sql: &mut Sql<'_>,
     table: &str,
     query: impl Fn(&str) -> String,
-) -> sqlx::Result<EachNode> {
+) -> sqlx::Result<EachNode<T>> {
     let nodes = nodes_of(sql, &[table]).await?;
     let commands: Vec<(&Node, String)> = nodes
         .iter()
-        .map(|node| (node, query(&node.part(table))))
+        .map(|node| (node, as_json_rows(&query(&node.part(table)), None)))
         .collect();
     let results = run_on(sql, &commands).await?;
-    let mut read = EachNode::default();
+    let mut read = EachNode {
+        rows: Vec::new(),
+        unreadable_shards: 0,
+        unreachable: Vec::new(),
+    };
     for (node, result) in nodes.iter().zip(results) {
         match result {
-            Ok(answer) => read.answers.push(answer),
+            Ok(answer) => read.rows.extend(json_rows::<T>(&answer)?),
             Err(_) => {
                 read.unreadable_shards += node.shards_of(table) as u64;
                 read.unreachable.push(node.name.clone());
@@ -179,27 +185,24 @@ pub async fn read_each_node(
     Ok(read)
 }
 
+/// The rows of one node's answer to an [`as_json_rows`] command.
+pub fn json_rows<T: serde::de::DeserializeOwned>(answer: &str) -> sqlx::Result<Vec<T>> {
+    serde_json::from_str(answer).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
 /// A text value as an SQL literal for a command run on a worker (standard conforming
 /// strings: a quote is doubled).
 pub fn text_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// [`read_each_node`] for a query returning rows: each node's rows come back as one
-/// JSON array, read into `T` (a struct whose fields are the query's columns).
-pub async fn rows_of_each_node<T: serde::de::DeserializeOwned>(
-    sql: &mut Sql<'_>,
-    table: &str,
-    query: impl Fn(&str) -> String,
-) -> sqlx::Result<(Vec<T>, EachNode)> {
-    let read = read_each_node(sql, table, |part| as_json_rows(&query(part), None)).await?;
-    let mut rows = Vec::new();
-    for answer in &read.answers {
-        let node: Vec<T> =
-            serde_json::from_str(answer).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        rows.extend(node);
-    }
-    Ok((rows, read))
+/// The coordinator's time `secs` seconds ago: the cut-off a read of every node judges
+/// by, the same on every worker whatever its own clock says.
+pub async fn seconds_ago(sql: &mut Sql<'_>, secs: i64) -> sqlx::Result<DateTime<Utc>> {
+    sql.query_scalar("SELECT clock_timestamp() - $1 * interval '1 second'")
+        .bind(secs)
+        .fetch_one(sql.conn())
+        .await
 }
 
 /// `query`'s rows as one value, a JSON array of objects (a command run on a node
@@ -210,7 +213,7 @@ pub fn as_json_rows(query: &str, order_by: Option<&str>) -> String {
 }
 
 /// A time from the coordinator as a literal for a command run on a worker.
-pub fn time_literal(at: chrono::DateTime<chrono::Utc>) -> String {
+pub fn time_literal(at: DateTime<Utc>) -> String {
     format!(
         "'{}'::timestamptz",
         at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)

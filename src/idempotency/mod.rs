@@ -397,7 +397,12 @@ impl Guard {
                             conn: None,
                         });
                     }
-                    lost_race(&mut pause, wait_until).await?;
+                    // The row changed since it was read (another request got there
+                    // first, or, on Citus, the worker's clock that read the lease as run
+                    // out is ahead of the coordinator's, which judges the
+                    // compare-and-set): look again after a pause, not at once, for as
+                    // long as the clocks disagree.
+                    wait_a_little(&mut pause, wait_until, Duration::ZERO).await?;
                 }
                 Step::TakeOver { seen_owner } => {
                     let taken = self
@@ -419,18 +424,12 @@ impl Guard {
                             conn: None,
                         });
                     }
-                    lost_race(&mut pause, wait_until).await?;
+                    // Lost the compare-and-set, as a reclaim may (above).
+                    wait_a_little(&mut pause, wait_until, Duration::ZERO).await?;
                 }
                 Step::Wait { lease_remaining } => {
-                    let now = tokio::time::Instant::now();
-                    if now >= wait_until {
-                        return Err(GuardError::InFlight {
-                            retry_after: retry_after(lease_remaining),
-                        });
-                    }
                     // Wait a little for the owner to finish, then look again.
-                    tokio::time::sleep(pause.min(wait_until - now)).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    wait_a_little(&mut pause, wait_until, lease_remaining).await?;
                 }
             }
         }
@@ -553,21 +552,17 @@ impl Guard {
     }
 }
 
-/// Counts a guarded request's outcome.
-/// After a reclaim or a takeover found the row changed since it was read (another
-/// request got there first, or, on Citus, the worker's clock that read the lease as
-/// run out is ahead of the coordinator's, which judges the compare-and-set): a short
-/// pause, then a fresh look, within the in-flight wait; past it, 409 as for a live
-/// lease. Without it the loop would read and fail again at once for as long as the
-/// clocks disagree.
-async fn lost_race<E>(
+/// A short pause before the next look (5 ms, doubling to 50 ms), within the in-flight
+/// wait; past it, 409 with a `Retry-After` from `lease_remaining`.
+async fn wait_a_little<E>(
     pause: &mut Duration,
     wait_until: tokio::time::Instant,
+    lease_remaining: Duration,
 ) -> Result<(), GuardError<E>> {
     let now = tokio::time::Instant::now();
     if now >= wait_until {
         return Err(GuardError::InFlight {
-            retry_after: retry_after(Duration::ZERO),
+            retry_after: retry_after(lease_remaining),
         });
     }
     tokio::time::sleep((*pause).min(wait_until - now)).await;
@@ -575,6 +570,7 @@ async fn lost_race<E>(
     Ok(())
 }
 
+/// Counts a guarded request's outcome.
 fn observe<E>(
     scope: &Scope,
     result: Result<(Answer, Outcome), GuardError<E>>,

@@ -851,9 +851,6 @@ pub async fn purge_abandoned(
     delete_by_tenant(sql, PURGE_ABANDONED.as_str(), groups).await
 }
 
-/// The time `$1` seconds before the database's.
-const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
-
 /// One tenant's records a worker found for a purge.
 #[derive(serde::Deserialize)]
 struct NodePurgeable {
@@ -871,13 +868,9 @@ async fn purgeable_each_node(
     seconds_ago: i64,
     batch: i64,
 ) -> sqlx::Result<Vec<PurgeGroup>> {
-    let cut: DateTime<Utc> = sql
-        .query_scalar(SECONDS_AGO)
-        .bind(seconds_ago)
-        .fetch_one(sql.conn())
-        .await?;
+    let cut = db::seconds_ago(sql, seconds_ago).await?;
     let PurgeOf { state, column } = of;
-    let (rows, _) = db::rows_of_each_node(sql, "idempotency_record", |records| {
+    let read = db::read_each_node(sql, "idempotency_record", |records| {
         format!(
             "SELECT tenant_id, array_agg(endpoint) AS endpoints, array_agg(idem_key) AS keys
              FROM (SELECT tenant_id, endpoint, idem_key FROM {records}
@@ -889,7 +882,8 @@ async fn purgeable_each_node(
         )
     })
     .await?;
-    Ok(rows
+    Ok(read
+        .rows
         .into_iter()
         .map(|r: NodePurgeable| (r.tenant_id, r.endpoints, r.keys, cut))
         .collect())

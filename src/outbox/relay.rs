@@ -283,8 +283,8 @@ impl Relay {
         if !unreadable.is_empty() {
             self.set_aside(&unreadable, claim).await?;
         }
-        if !batch.is_empty() && !may_still_publish(claiming.elapsed(), self.config.publish_timeout)
-        {
+        let too_old = !may_still_publish(claiming.elapsed(), self.config.publish_timeout);
+        if too_old && !batch.is_empty() {
             // Paused or stalled since the claim began (a stopped process, a claim that
             // waited): publishing now could outlast the lease, and an erasure waits only
             // that long for the relays. The rows fall due again for a fresh claim.
@@ -293,17 +293,10 @@ impl Relay {
                 claimed_ms = claiming.elapsed().as_millis() as u64,
                 "the round's claim is too old to start publishing; leaving its events to a fresh claim"
             );
+        }
+        if batch.is_empty() || too_old {
             return Ok(Round {
                 claimed: batch.len() + unreadable.len(),
-                dead: unreadable.len(),
-                parked,
-                more_tenants,
-                ..Round::default()
-            });
-        }
-        if batch.is_empty() {
-            return Ok(Round {
-                claimed: unreadable.len(),
                 dead: unreadable.len(),
                 parked,
                 more_tenants,

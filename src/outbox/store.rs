@@ -206,19 +206,23 @@ fn tenant_as_equality(statement: &str) -> String {
 }
 
 /// On a distributed database, the tenants with events due by `at` (the coordinator's
-/// time, a literal: the command runs on a worker) on one worker's shards `outbox`, as
-/// one comma-separated line: what a relay learns from the table when it cannot walk
-/// it (see `known`). Grouped on the distribution column, so each shard answers for
-/// itself; it reads every due row once, which is why it runs at a relay's poll and not
-/// in every round.
+/// time, a literal: the command runs on a worker) on one worker's shards `outbox`: what
+/// a relay learns from the table when it cannot walk it (see `known`). Grouped on the
+/// distribution column, so each shard answers for itself; it reads every due row once,
+/// which is why it runs at a relay's poll and not in every round.
 fn node_due_tenants(outbox: &str, at: DateTime<Utc>) -> String {
     format!(
-        "SELECT coalesce(string_agg(tenant_id::text, ','), '')
-         FROM (SELECT tenant_id FROM {outbox}
-               WHERE status = 'PENDING' AND next_attempt_at <= {}
-               GROUP BY tenant_id) due",
+        "SELECT tenant_id FROM {outbox}
+         WHERE status = 'PENDING' AND next_attempt_at <= {}
+         GROUP BY tenant_id",
         db::time_literal(at)
     )
+}
+
+/// A tenant a worker found with due events.
+#[derive(serde::Deserialize)]
+struct DueTenant {
+    tenant_id: Uuid,
 }
 
 /// The database's time, as a round that knows its tenants reads it.
@@ -382,14 +386,11 @@ pub async fn due_tenants(sql: &mut Sql<'_>) -> sqlx::Result<DueTenants> {
     let now = round_time(sql).await?;
     let read =
         db::read_each_node(sql, "outbox_event", |outbox| node_due_tenants(outbox, now)).await?;
-    let mut tenants = Vec::new();
-    for answer in &read.answers {
-        for tenant in answer.split(',').filter(|t| !t.is_empty()) {
-            tenants.push(Uuid::parse_str(tenant).map_err(|_| {
-                sqlx::Error::Protocol(format!("a worker's due tenant: {tenant:?}"))
-            })?);
-        }
-    }
+    let tenants = read
+        .rows
+        .into_iter()
+        .map(|t: DueTenant| t.tenant_id)
+        .collect();
     Ok(DueTenants {
         start: RoundStart { now, tenants },
         unreachable: read.unreachable,
@@ -615,21 +616,24 @@ pub struct Stats {
     pub unreadable_shards: u64,
 }
 
-/// [`STATS`] on one worker of a distributed database (see [`db::read_each_node`]): the
-/// pending count, the oldest pending commit time (Unix seconds, `-` when none) and
-/// the DEAD count, as one line.
+/// [`STATS`] on one worker of a distributed database (see [`db::read_each_node`]), with
+/// the oldest pending commit time instead of its age (the age is the coordinator's to
+/// judge).
 fn node_stats(outbox: &str) -> String {
     format!(
-        "SELECT format('%s %s %s',
-                (SELECT count(*) FROM {outbox} WHERE status = 'PENDING'),
-                coalesce((SELECT extract(epoch FROM min(occurred_at))::text
-                            FROM {outbox} WHERE status = 'PENDING'), '-'),
-                (SELECT count(*) FROM {outbox} WHERE status = 'DEAD'))"
+        "SELECT (SELECT count(*) FROM {outbox} WHERE status = 'PENDING') AS pending,
+                (SELECT min(occurred_at) FROM {outbox} WHERE status = 'PENDING') AS oldest,
+                (SELECT count(*) FROM {outbox} WHERE status = 'DEAD') AS dead"
     )
 }
 
-/// The coordinator's clock, as Unix seconds.
-const EPOCH_NOW: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
+/// One worker's outbox figures.
+#[derive(serde::Deserialize)]
+struct NodeStats {
+    pending: i64,
+    oldest: Option<DateTime<Utc>>,
+    dead: i64,
+}
 
 pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
     if sql.distributed() {
@@ -649,26 +653,14 @@ pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
 /// counted, the shards of those that do not are reported as unreadable.
 async fn stats_each_node(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
     let read = db::read_each_node(sql, "outbox_event", node_stats).await?;
-    let now: f64 = sql.query_scalar(EPOCH_NOW).fetch_one(sql.conn()).await?;
-    let mut stats = Stats {
+    let now = round_time(sql).await?;
+    let oldest = read.rows.iter().filter_map(|n: &NodeStats| n.oldest).min();
+    Ok(Stats {
+        pending: read.rows.iter().map(|n| n.pending).sum(),
+        oldest_pending_age_secs: oldest.map_or(0.0, |at| (now - at).as_seconds_f64().max(0.0)),
+        dead: read.rows.iter().map(|n| n.dead).sum(),
         unreadable_shards: read.unreadable_shards,
-        ..Stats::default()
-    };
-    let mut oldest: Option<f64> = None;
-    for answer in &read.answers {
-        let mut fields = answer.split(' ');
-        let mut field = || fields.next().unwrap_or("");
-        let (pending, first, dead) = (field(), field(), field());
-        let bad = || sqlx::Error::Protocol(format!("a worker's outbox figures: {answer:?}"));
-        stats.pending += pending.parse::<i64>().map_err(|_| bad())?;
-        stats.dead += dead.parse::<i64>().map_err(|_| bad())?;
-        if first != "-" {
-            let at = first.parse::<f64>().map_err(|_| bad())?;
-            oldest = Some(oldest.map_or(at, |o| o.min(at)));
-        }
-    }
-    stats.oldest_pending_age_secs = oldest.map_or(0.0, |at| (now - at).max(0.0));
-    Ok(stats)
+    })
 }
 
 /// Puts one DEAD event back in line; returns how many (0 or 1).
@@ -696,11 +688,8 @@ pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
     Ok(redriven)
 }
 
-/// The time `$1` seconds before the database's.
-const SECONDS_AGO: &str = "SELECT clock_timestamp() - $1 * interval '1 second'";
-
 /// [`PURGEABLE_PUBLISHED`] on one worker's shards `outbox`, by the coordinator's
-/// cut-off `cut` (see [`db::rows_of_each_node`]).
+/// cut-off `cut` (see [`db::read_each_node`]).
 fn node_purgeable_published(outbox: &str, cut: DateTime<Utc>, batch: i64) -> String {
     format!(
         "SELECT tenant_id, array_agg(event_id) AS events
@@ -730,16 +719,13 @@ pub async fn purge_published(
     batch: i64,
 ) -> sqlx::Result<Purged> {
     let groups: Vec<(Uuid, Vec<Uuid>, DateTime<Utc>)> = if sql.distributed() {
-        let cut: DateTime<Utc> = sql
-            .query_scalar(SECONDS_AGO)
-            .bind(retention_secs)
-            .fetch_one(sql.conn())
-            .await?;
-        let (rows, _) = db::rows_of_each_node(sql, "outbox_event", |outbox| {
+        let cut = db::seconds_ago(sql, retention_secs).await?;
+        let read = db::read_each_node(sql, "outbox_event", |outbox| {
             node_purgeable_published(outbox, cut, batch)
         })
         .await?;
-        rows.into_iter()
+        read.rows
+            .into_iter()
             .map(|r: NodePurgeable| (r.tenant_id, r.events, cut))
             .collect()
     } else {

@@ -339,14 +339,17 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
         .await
         .unwrap();
     let records: Vec<(Uuid, String, String, Option<i32>)> = sqlx::query_as(
-        "SELECT tenant_id, idem_key, state, response_status FROM idempotency_record
+        "SELECT tenant_id, idem_key, state, response_status::int FROM idempotency_record
          WHERE tenant_id = ANY ($1) AND (state <> 'COMPLETED' OR response_status <> 201)",
     )
     .bind(doomed.iter().chain(&live).copied().collect::<Vec<_>>())
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    println!("records not completed with a 201: {records:?}");
+    assert!(
+        records.is_empty(),
+        "every key completed with its 201, no claim left behind: {records:?}"
+    );
     assert_eq!(
         made as usize,
         orders.len(),
