@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use crate::support::{
-    Reply, TestDb, new_key, order_body,
+    Reply, TestDb, new_key, on_citus, order_body,
     proxy::{Mode, in_front_of_db},
     spawn_app_on,
 };
@@ -119,10 +119,10 @@ async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doub
     );
 }
 
-/// An ambiguous commit: the connection is cut just after the create's statement went
-/// out (on one server the order, its event and the fenced completion are one statement
-/// that commits on its own), so orderd cannot know whether it committed (it did: the
-/// server had the message). The request answers 503 with `Retry-After`; the claim's completion was
+/// An ambiguous commit: the connection is cut just after the create's commit went out
+/// (on one server the order, its event and the fenced completion are one statement that
+/// commits on its own; on Citus a transaction and its `COMMIT`), so orderd cannot know
+/// whether it committed (it did: the server had the message). The request answers 503 with `Retry-After`; the claim's completion was
 /// fenced into that same commit, so the retry with the same key replays the stored
 /// answer, and the key made one order and one event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +137,13 @@ async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
         .await;
     assert_eq!(warm.status, 201);
 
-    proxy.set(Mode::CutAfter("AMBIGUOUS-1"));
+    // On one server the create's statement commits on its own; on Citus the create is
+    // a transaction of routed statements, committed by a `COMMIT` of its own.
+    proxy.set(if on_citus() {
+        Mode::CutAtCommitAfter("AMBIGUOUS-1")
+    } else {
+        Mode::CutAfter("AMBIGUOUS-1")
+    });
     let key = new_key();
     let body = order_body("AMBIGUOUS-1", 1);
     let cut = app.create(&token, &key, &body).await;

@@ -24,6 +24,9 @@ pub enum Mode {
     Silent,
     /// Cut each connection just after it sends a request holding these bytes.
     CutAfter(&'static str),
+    /// Cut each connection just after the first `COMMIT` it sends once a request
+    /// holding these bytes went out (a write inside a transaction, then its commit).
+    CutAtCommitAfter(&'static str),
 }
 
 /// Waits while `mode` is one of `held`; says whether the connection may go on (not
@@ -91,16 +94,21 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
     let cut = std::sync::atomic::AtomicBool::new(false);
     let requests = async {
         let mut buf = vec![0u8; 16 * 1024];
+        // Whether the marker of `CutAtCommitAfter` went out on this connection.
+        let mut marked = false;
         loop {
             match client_read.read(&mut buf).await {
                 Ok(n) if n > 0 => {
                     if !pass(&mut sending, &[Mode::Silent]).await {
                         return;
                     }
+                    let holds = |bytes: &[u8]| buf[..n].windows(bytes.len()).any(|w| w == bytes);
                     let cutting = match *sending.borrow() {
-                        Mode::CutAfter(marker) => buf[..n]
-                            .windows(marker.len())
-                            .any(|w| w == marker.as_bytes()),
+                        Mode::CutAfter(marker) => holds(marker.as_bytes()),
+                        Mode::CutAtCommitAfter(marker) => {
+                            marked |= holds(marker.as_bytes());
+                            marked && holds(b"COMMIT")
+                        }
                         _ => false,
                     };
                     if cutting {
