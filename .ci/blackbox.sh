@@ -324,3 +324,15 @@ check_k6_citus() {
     wait "$pid" 2>/dev/null || true
     citus_dropdb "$db"
 }
+
+# The chaos run, short, on both layouts: k6 load while faults run (silent drops of the
+# database and of the listening sessions, kill -9 of serve and of a relay, a relay
+# stopped past its lease, a database restart, on Citus a worker stopped), then the
+# history check (bench/chaos_check.py). Its figures are in docs/operations.md.
+check_chaos() {
+    local layout
+    for layout in plain citus; do
+        log "bench/chaos $layout: two minutes of faults under load, then the history check"
+        DURATION=2m bench/chaos "$layout"
+    done
+}

@@ -252,16 +252,17 @@ pub enum End<T> {
 pub struct Session {
     conn: PgConnection,
     /// Set when a [`Conn`] was dropped before [`Conn::done`]: a cancelled request may
-    /// have left a statement running or a reply unread, so the next user pings it
-    /// first (which waits for whatever is pending).
+    /// have left a statement running or a reply unread. The settling task clears it;
+    /// should the connection reach the pool unsettled, the next user pings it first
+    /// (which waits for whatever is pending).
     unsettled: bool,
 }
 
 /// Opens the pool's connections and checks the ones taken out again. A connection
 /// handed back goes straight back in line: no round trip, unlike sqlx's own pool,
 /// whose ping on every release cost the create about a tenth of its throughput at 8
-/// connections (docs/adr). A transaction left open is rolled back by the statement
-/// sqlx queues for it, sent ahead of the next user's first statement.
+/// connections (docs/adr). A connection dropped unfinished (a transaction left open, a
+/// reply unread) is settled by a task of its own before it goes back in line.
 struct Connector {
     options: PgConnectOptions,
 }
@@ -430,10 +431,11 @@ impl Db {
             self.begin().await
         } else {
             Ok(Conn {
-                session: self.session().await?,
+                session: Some(self.session().await?),
                 in_transaction: false,
                 done: false,
                 statements: self.statements(),
+                settle_within: self.deadline,
             })
         }
     }
@@ -456,10 +458,11 @@ impl Db {
     /// own; [`Conn::commit`] commits it, dropping it rolls it back.
     pub async fn begin(&self) -> sqlx::Result<Conn> {
         let mut conn = Conn {
-            session: self.session().await?,
+            session: Some(self.session().await?),
             in_transaction: false,
             done: false,
             statements: self.statements(),
+            settle_within: self.deadline,
         };
         self.begin_in(&mut conn).await?;
         Ok(conn)
@@ -471,7 +474,7 @@ impl Db {
     pub async fn begin_in(&self, conn: &mut Conn) -> sqlx::Result<()> {
         let statement = sqlx::AssertSqlSafe(self.begin.to_string()).into_sql_str();
         self.within(PgTransactionManager::begin(
-            &mut conn.session.conn,
+            conn.session_mut(),
             Some(statement),
         ))
         .await?;
@@ -482,19 +485,31 @@ impl Db {
 
 /// A connection from [`Db::conn`] or a transaction from [`Db::begin`].
 pub struct Conn {
-    session: managed::Object<Connector>,
+    /// Always there until the `Conn` is dropped (which may hand it to [`settle`]).
+    session: Option<managed::Object<Connector>>,
     in_transaction: bool,
     done: bool,
     statements: Statements,
+    /// How long settling a connection dropped unfinished may take: the database
+    /// calls' deadline (what a statement still running on it may take to end).
+    settle_within: Duration,
 }
 
 impl Conn {
+    fn session_mut(&mut self) -> &mut PgConnection {
+        &mut self
+            .session
+            .as_mut()
+            .expect("a Conn holds its session until dropped")
+            .conn
+    }
+
     /// Ends the connection's use after its last statement completed: commits the
     /// transaction, if there is one, and hands the connection back to the pool.
     /// Dropping a `Conn` instead rolls that transaction back.
     pub async fn done(mut self) -> sqlx::Result<()> {
         if self.in_transaction {
-            PgTransactionManager::commit(&mut self.session.conn).await?;
+            PgTransactionManager::commit(self.session_mut()).await?;
             self.in_transaction = false;
         }
         self.done = true;
@@ -509,7 +524,7 @@ impl Conn {
     /// Statements on this connection.
     pub fn sql(&mut self) -> Sql<'_> {
         let statements = self.statements;
-        Sql::new(&mut self.session.conn, statements)
+        Sql::new(self.session_mut(), statements)
     }
 
     /// Whether each statement on this connection has committed by the time it answers
@@ -523,13 +538,36 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        let Some(mut session) = self.session.take() else {
+            return;
+        };
         if self.in_transaction {
-            // Queued, and sent ahead of the next user's first statement.
-            PgTransactionManager::start_rollback(&mut self.session.conn);
+            // Queued: sent by the settling below, or ahead of the next user's first
+            // statement.
+            PgTransactionManager::start_rollback(&mut session.conn);
         }
-        if !self.done {
-            self.session.unsettled = true;
+        if self.done {
+            return;
         }
+        session.unsettled = true;
+        // Settled now, not when the pool next hands the connection out: until its
+        // ROLLBACK reaches the server, a transaction dropped half-way (a client that hung
+        // up, a deadline that passed) keeps its locks, a claim's row among them, and a
+        // quiet pool may not hand this connection out for a long time.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(settle(session, self.settle_within));
+        }
+    }
+}
+
+/// Waits for whatever a connection dropped unfinished still has pending, sends its
+/// queued rollback, and hands it back to the pool settled; one that does not answer
+/// within `within` is closed instead (the server ends its transaction when it notices
+/// the client gone, which its `client_connection_check_interval` bounds).
+async fn settle(mut session: managed::Object<Connector>, within: Duration) {
+    match tokio::time::timeout(within, session.conn.ping()).await {
+        Ok(Ok(())) => session.unsettled = false,
+        _ => drop(managed::Object::take(session)),
     }
 }
 
@@ -537,13 +575,17 @@ impl Deref for Conn {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.session.conn
+        &self
+            .session
+            .as_ref()
+            .expect("a Conn holds its session until dropped")
+            .conn
     }
 }
 
 impl DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.session.conn
+        self.session_mut()
     }
 }
 

@@ -229,6 +229,12 @@ impl From<sqlx::Error> for Problem {
         // that a split or move has just replaced: it did nothing, and run again it is
         // planned for the shard that holds the rows now.
         const SHARD_REPLACED: &str = "could not find valid entry for shard";
+        // Citus's answer, again without a SQLSTATE, when the worker holding the shard
+        // failed during the `COMMIT`: whether it committed is unknown, an ambiguous
+        // commit. The claim's completion is fenced into that same commit, so the retry
+        // replays the answer if it did and runs once if it did not (found by the chaos
+        // run: a worker stopped under load).
+        const COMMIT_UNKNOWN: &str = "could not commit transaction for shard";
         // Class 08, a connection exception: on Citus, the coordinator could not reach
         // the worker holding the tenant's shard (stopped, restarting, cut off). Only
         // the tenants on that worker meet it, and their retries succeed once it is back.
@@ -238,7 +244,9 @@ impl From<sqlx::Error> for Problem {
             sqlx::Error::Database(db) => db.code().is_some_and(|c| {
                 UNAVAILABLE.contains(&c.as_ref())
                     || c.starts_with(CONNECTION_EXCEPTION)
-                    || (c == "XX000" && db.message().starts_with(SHARD_REPLACED))
+                    || (c == "XX000"
+                        && (db.message().starts_with(SHARD_REPLACED)
+                            || db.message().starts_with(COMMIT_UNKNOWN)))
             }),
             _ => false,
         };

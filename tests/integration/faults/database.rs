@@ -170,3 +170,46 @@ async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
     .unwrap();
     assert_eq!((orders, events), (2, 2), "one order and one event per key");
 }
+
+/// A transaction dropped half-way (a request cancelled, a deadline passed) is rolled
+/// back at once, not when the pool next hands its connection out: on a quiet pool that
+/// could be never before the server's idle-in-transaction timeout (here 30 s, the
+/// statement timeout of the handle), and meanwhile its locks, a claim's row among them,
+/// would stay held. Another session waiting for the row gets it well within its 10 s
+/// `lock_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_dropped_half_way_lets_go_of_its_locks_at_once() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql("CREATE TABLE held (id int PRIMARY KEY); INSERT INTO held VALUES (1)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let orderd_db = db.direct_sized(2);
+    let mut conn = orderd_db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+
+    let mut other = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '10s'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let locked = sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE")
+        .execute(&mut *other)
+        .await;
+    assert!(
+        locked.is_ok(),
+        "the dropped transaction still held its lock: {locked:?}"
+    );
+    other.rollback().await.unwrap();
+    // The connection went back to the pool settled, and serves the next user.
+    let mut again = orderd_db.conn().await.unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut *again)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+}

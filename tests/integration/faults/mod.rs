@@ -8,5 +8,7 @@
 mod database;
 /// A listening session that goes silent: nothing forgotten or erased is replayed.
 mod listener;
+/// A relay stopped between its claim and its publish: it publishes nothing stale.
+mod relay;
 /// A Citus worker that dies: only its own tenants notice.
 mod worker;

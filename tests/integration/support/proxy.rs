@@ -6,7 +6,8 @@
 //! once healed, what was held goes through, as TCP's retransmissions would), or cut a
 //! connection just after a request carrying given bytes went out (a statement that
 //! commits on its own, or a `COMMIT`: the server commits, the answer never arrives, an
-//! ambiguous commit).
+//! ambiguous commit), or hold a connection's answers once such a request went out (a
+//! process stopped right after its statement committed).
 
 use std::net::SocketAddr;
 
@@ -27,6 +28,12 @@ pub enum Mode {
     /// Cut each connection just after the first `COMMIT` it sends once a request
     /// holding these bytes went out (a write inside a transaction, then its commit).
     CutAtCommitAfter(&'static str),
+    /// Hold each connection's answers, from just after it sends a request holding these
+    /// bytes (a bound value: a statement's text goes out in its own round trip when it
+    /// is prepared), until the mode changes (the request itself reaches the server).
+    HoldAfter(&'static [u8]),
+    /// The same from the first `COMMIT` sent once such a request went out.
+    HoldAtCommitAfter(&'static [u8]),
 }
 
 /// Waits while `mode` is one of `held`; says whether the connection may go on (not
@@ -92,6 +99,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
     let (mut server_read, mut server_write) = server.into_split();
     let mut sending = mode.clone();
     let cut = std::sync::atomic::AtomicBool::new(false);
+    let hold = std::sync::atomic::AtomicBool::new(false);
     let requests = async {
         let mut buf = vec![0u8; 16 * 1024];
         // Whether the marker of `CutAtCommitAfter` went out on this connection.
@@ -103,14 +111,23 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
                         return;
                     }
                     let holds = |bytes: &[u8]| buf[..n].windows(bytes.len()).any(|w| w == bytes);
-                    let cutting = match *sending.borrow() {
-                        Mode::CutAfter(marker) => holds(marker.as_bytes()),
+                    let mode_now = *sending.borrow();
+                    let (cutting, holding) = match mode_now {
+                        Mode::CutAfter(marker) => (holds(marker.as_bytes()), false),
+                        Mode::HoldAfter(marker) => (false, holds(marker)),
                         Mode::CutAtCommitAfter(marker) => {
                             marked |= holds(marker.as_bytes());
-                            marked && holds(b"COMMIT")
+                            (marked && holds(b"COMMIT"), false)
                         }
-                        _ => false,
+                        Mode::HoldAtCommitAfter(marker) => {
+                            marked |= holds(marker);
+                            (false, marked && holds(b"COMMIT"))
+                        }
+                        _ => (false, false),
                     };
+                    if holding {
+                        hold.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     if cutting {
                         // No answer goes back from here on.
                         cut.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -134,6 +151,16 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let n = server_read.read(&mut buf).await.ok().filter(|&n| n > 0)?;
+            // A connection whose answers are held waits for the mode to change.
+            if hold.load(std::sync::atomic::Ordering::SeqCst) {
+                while matches!(
+                    *watcher.borrow_and_update(),
+                    Mode::HoldAfter(_) | Mode::HoldAtCommitAfter(_)
+                ) {
+                    watcher.changed().await.ok()?;
+                }
+                hold.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
             // While holding or silent, the answer waits here; a switch to Refuse drops it.
             if !pass(&mut watcher, &[Mode::HoldResponses, Mode::Silent]).await
                 || cut.load(std::sync::atomic::Ordering::SeqCst)
