@@ -2,7 +2,9 @@
 //! nothing closes. Each request still answers, 503 `service-unavailable` with
 //! `Retry-After`, within the statement timeout and the pool's wait (orderd keeps a
 //! deadline of its own on every database call); once the network heals, the retries
-//! succeed and no key makes a second order.
+//! succeed and no key makes a second order. Beside it, the database's other quiet
+//! faults: a commit whose answer is lost, a transaction dropped half-way, a transaction
+//! pooler killed and started again.
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +12,7 @@ use uuid::Uuid;
 
 use crate::support::{
     Reply, TestDb, new_key, on_citus, order_body,
+    pgbouncer::OwnPgBouncer,
     proxy::{Mode, in_front_of_db},
     spawn_app_on,
 };
@@ -212,4 +215,62 @@ async fn a_transaction_dropped_half_way_lets_go_of_its_locks_at_once() {
         .await
         .unwrap();
     assert_eq!(one, 1);
+}
+
+/// The transaction pooler killed (`kill -9`: every connection cut mid-flight) and
+/// started again on its port: while it is down each request answers 503 with
+/// `Retry-After` (never 500, never a hang); once it is back every retry of every key
+/// succeeds on fresh connections, and no key made two orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
+    let db = TestDb::new().await;
+    let bouncer = OwnPgBouncer::start();
+    let through = bouncer.url_through(&db.url);
+    let direct = db.url.clone();
+    let app = spawn_app_on(
+        db,
+        &[
+            ("DATABASE_URL", &through),
+            ("ORDERD_DATABASE_DIRECT_URL", &direct),
+            ("ORDERD_DB_POOLER", "transaction"),
+        ],
+    )
+    .await;
+    let token = app.token(Uuid::new_v4());
+    let keys: Vec<String> = (0..6).map(|_| new_key()).collect();
+    for key in &keys[..3] {
+        assert_eq!(
+            app.create(&token, key, &order_body("POOLER-1", 1))
+                .await
+                .status,
+            201
+        );
+    }
+
+    bouncer.kill();
+    for key in &keys {
+        let reply = app.create(&token, key, &order_body("POOLER-1", 1)).await;
+        reply.assert_problem(503, "service-unavailable");
+        assert!(reply.header("retry-after").is_some());
+    }
+
+    bouncer.restart();
+    for key in &keys {
+        let mut tries = 0;
+        let reply = loop {
+            tries += 1;
+            let reply = app.create(&token, key, &order_body("POOLER-1", 1)).await;
+            if reply.status != 503 || tries == 50 {
+                break reply;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(reply.status, 201, "{}", reply.json());
+    }
+    assert_eq!(app.count("orders").await, 6, "one order per key");
+    assert_eq!(
+        app.count("outbox_event").await,
+        6,
+        "and one event per order"
+    );
 }

@@ -4,7 +4,8 @@
 //! fault happen at the worst moment, and checks what clients see and what the database
 //! holds afterwards.
 
-/// A database that goes silent: every request answers, none hangs, nothing doubles.
+/// A database that goes silent, a commit whose answer is lost, a pooler killed: every
+/// request answers, none hangs, nothing doubles.
 mod database;
 /// A listening session that goes silent: nothing forgotten or erased is replayed.
 mod listener;

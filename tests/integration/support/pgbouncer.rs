@@ -40,23 +40,28 @@ pub fn url_through(url: &str) -> String {
     )
 }
 
-fn start() -> String {
-    let server = PgConnectOptions::from_str(&admin_url()).expect("the test server URL");
-    let port = TcpListener::bind("127.0.0.1:0")
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("orderd-pgbouncer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+        .port()
+}
+
+/// Writes `dir`'s configuration: transaction mode on `port` in front of the test server,
+/// strict, its PID in `dir/pgbouncer.pid`. Says whether it must run as `postgres`.
+fn configure(dir: &std::path::Path, port: u16) -> bool {
+    let server = PgConnectOptions::from_str(&admin_url()).expect("the test server URL");
+    std::fs::create_dir_all(dir).unwrap();
     let ini = format!(
         "[databases]\n* = host={host} port={server_port}\n\
          [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
          auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = transaction\n\
          default_pool_size = 20\nmax_client_conn = 2000\n\
          server_reset_query = DISCARD ALL\nserver_reset_query_always = 1\n\
-         ignore_startup_parameters = extra_float_digits\nlogfile = {dir}/pgbouncer.log\n",
+         ignore_startup_parameters = extra_float_digits\nlogfile = {dir}/pgbouncer.log\n\
+         pidfile = {dir}/pgbouncer.pid\n",
         host = server.get_host(),
         server_port = server.get_port(),
         dir = dir.display(),
@@ -67,14 +72,36 @@ fn start() -> String {
         format!("\"{}\" \"\"\n", server.get_username()),
     )
     .unwrap();
-    // Exits with this test process: the watcher loop kills it when the parent is gone.
     let as_postgres = unsafe { libc::geteuid() } == 0;
     if as_postgres {
         let _ = Command::new("chown")
             .args(["-R", "postgres"])
-            .arg(&dir)
+            .arg(dir)
             .status();
     }
+    as_postgres
+}
+
+/// Waits until something listens on `port`.
+fn until_listening(port: u16, dir: &std::path::Path) {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "pgbouncer did not start; see {}/pgbouncer.log",
+        dir.display()
+    );
+}
+
+fn start() -> String {
+    let port = free_port();
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("orderd-pgbouncer-{}", std::process::id()));
+    let as_postgres = configure(&dir, port);
+    // Exits with this test process: the watcher loop kills it when the parent is gone.
     let run = format!(
         "{runner} {bin} {dir}/pgbouncer.ini & p=$!; while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill $p",
         runner = if as_postgres {
@@ -93,14 +120,87 @@ fn start() -> String {
         .stdout(Stdio::null())
         .spawn()
         .expect("pgbouncer (apt-get install pgbouncer)");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return format!("127.0.0.1:{port}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    until_listening(port, &dir);
+    format!("127.0.0.1:{port}")
+}
+
+/// A PgBouncer of one test's own, which the test may kill (`kill -9`) and start again on
+/// the same port; killed when dropped.
+pub struct OwnPgBouncer {
+    pub port: u16,
+    dir: PathBuf,
+    as_postgres: bool,
+}
+
+impl OwnPgBouncer {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("orderd-pgbouncer-own-{port}"));
+        let as_postgres = configure(&dir, port);
+        let bouncer = Self {
+            port,
+            dir,
+            as_postgres,
+        };
+        bouncer.run();
+        bouncer
     }
-    panic!(
-        "pgbouncer did not start; see {}/pgbouncer.log",
-        dir.display()
-    );
+
+    /// `url` (a database on the test server) through this PgBouncer.
+    pub fn url_through(&self, url: &str) -> String {
+        let options = PgConnectOptions::from_str(url).expect("a test URL");
+        let database = options.get_database().unwrap_or("postgres");
+        format!(
+            "postgres://{}@127.0.0.1:{}/{database}",
+            options.get_username(),
+            self.port
+        )
+    }
+
+    fn run(&self) {
+        let ini = self.dir.join("pgbouncer.ini");
+        let mut command = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(binary());
+            c
+        } else {
+            Command::new(binary())
+        };
+        // -d: PgBouncer daemonizes once it listens, and writes its PID file.
+        let status = command
+            .arg("-d")
+            .arg(&ini)
+            .stdin(Stdio::null())
+            .status()
+            .expect("pgbouncer (apt-get install pgbouncer)");
+        assert!(status.success(), "pgbouncer -d {} failed", ini.display());
+        until_listening(self.port, &self.dir);
+    }
+
+    /// `kill -9`: every client connection is cut at once, nothing flushed.
+    pub fn kill(&self) {
+        let pid_file = self.dir.join("pgbouncer.pid");
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            let _ = std::fs::remove_file(&pid_file);
+        }
+        // Gone once nothing listens on its port.
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Started again on the same port, with the same configuration.
+    pub fn restart(&self) {
+        self.run();
+    }
+}
+
+impl Drop for OwnPgBouncer {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
