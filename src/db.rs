@@ -683,9 +683,11 @@ async fn distributed_in(sql: &mut Sql<'_>) -> sqlx::Result<bool> {
 /// one. Behind a transaction pooler a session lock would be taken on whichever server
 /// connection the pooler picked and outlive the client's use of it, so the lock always
 /// goes through `ORDERD_DATABASE_DIRECT_URL`. Dropping the value closes the session,
-/// which releases the lock even when the job was cancelled halfway.
+/// which releases the lock even when the job was cancelled halfway, once the server has
+/// noticed; [`SessionLock::release`] releases it at once.
 pub struct SessionLock {
-    _session: PgConnection,
+    session: PgConnection,
+    key: i64,
 }
 
 impl SessionLock {
@@ -700,10 +702,25 @@ impl SessionLock {
             .fetch_one(sql.conn())
             .await?;
         if taken {
-            Ok(Some(Self { _session: session }))
+            Ok(Some(Self { session, key }))
         } else {
             let _ = session.close().await;
             Ok(None)
+        }
+    }
+
+    /// Unlocks, then closes the session: the next process to try finds the lock free,
+    /// rather than held a moment longer by a session whose end the server has not yet
+    /// seen. A failure leaves the closing to the drop.
+    pub async fn release(mut self) {
+        let mut sql = Sql::direct(&mut self.session);
+        let unlocked = sql
+            .query("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .execute(sql.conn())
+            .await;
+        if unlocked.is_ok() {
+            let _ = self.session.close().await;
         }
     }
 }

@@ -626,11 +626,13 @@ pub async fn pass_if_alone(
     window: Duration,
     batch: i64,
 ) -> sqlx::Result<Option<Report>> {
-    let Some(_lock) = SessionLock::try_take(lock_on, LOCK_KEY).await? else {
+    let Some(lock) = SessionLock::try_take(lock_on, LOCK_KEY).await? else {
         return Ok(None);
     };
     let started = std::time::Instant::now();
-    let report = reconcile_once(db, window, batch).await?;
+    let report = reconcile_once(db, window, batch).await;
+    lock.release().await;
+    let report = report?;
     publish(&report);
     tracing::info!(
         orders_checked = report.orders_checked,

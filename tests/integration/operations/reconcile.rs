@@ -273,11 +273,19 @@ async fn one_process_at_a_time_reconciles() {
             "skipped while another holds the lock"
         );
     }
-    drop(held);
+    held.release().await;
     let report = pass_if_alone(&db.direct(), &direct, DAY, 100)
         .await
         .unwrap()
-        .expect("the lock is free once its session is gone");
+        .expect("the lock is free once released");
+    // And a pass releases it as it ends: the next one finds it free at once.
+    assert!(
+        pass_if_alone(&db.direct(), &direct, DAY, 100)
+            .await
+            .unwrap()
+            .is_some(),
+        "a pass that ended gave the lock back"
+    );
     assert_eq!(report, Report::default());
     // A pass that is cancelled halfway gives the lock back with its session.
     let cancelled = tokio::time::timeout(
