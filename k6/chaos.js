@@ -57,7 +57,8 @@ function untilAnswered(op, tenant, key, url, body) {
       headers: headers(tenant.token, key),
       timeout: '20s',
       responseCallback: http.expectedStatuses({ min: 200, max: 299 }, 409),
-      tags: { kind: op },
+      // One name per kind: the cancel URLs hold order ids, one time series each otherwise.
+      tags: { kind: op, name: op },
     });
     const ok = res.status >= 200 && res.status < 300;
     record({
