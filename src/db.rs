@@ -496,6 +496,14 @@ pub struct Conn {
 }
 
 impl Conn {
+    fn session(&self) -> &PgConnection {
+        &self
+            .session
+            .as_ref()
+            .expect("a Conn holds its session until dropped")
+            .conn
+    }
+
     fn session_mut(&mut self) -> &mut PgConnection {
         &mut self
             .session
@@ -575,11 +583,7 @@ impl Deref for Conn {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self
-            .session
-            .as_ref()
-            .expect("a Conn holds its session until dropped")
-            .conn
+        self.session()
     }
 }
 

@@ -30,20 +30,7 @@ async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing
     let (proxy, through) = in_front_of_db(&db.url).await;
     let (tenant, other) = (Uuid::new_v4(), Uuid::new_v4());
     // The tenant's order and its pending event, before any relay runs.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO orders (tenant_id, id, sku, quantity, status, created_at, updated_at)
-         VALUES ('{tenant}', gen_random_uuid(), 'HELD-1', 1, 'CREATED', now(), now());
-         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type,
-                payload, occurred_at, status, next_attempt_at)
-         SELECT tenant_id, gen_random_uuid(), id, 1, 'OrderCreated',
-                json_build_object('event_type', 'OrderCreated', 'tenant_id', tenant_id,
-                                  'order', json_build_object('id', id)),
-                now(), 'PENDING', now()
-         FROM orders WHERE tenant_id = '{tenant}'"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    db.backlog(tenant, 1).await;
 
     // The first statement through the proxy that binds the tenant (16 bytes, uuid's
     // binary form) is the relay's claim of its event.

@@ -56,32 +56,6 @@ async fn rows_of(db: &TestDb, tenant: Uuid) -> [i64; 3] {
     [counts.0, counts.1, counts.2]
 }
 
-/// `n` orders of `tenant` laid down by SQL, each with its stored answer and a PENDING
-/// event, as a busy tenant leaves them.
-async fn backlog(db: &TestDb, tenant: Uuid, n: i64) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO orders (tenant_id, id, sku, quantity, status, created_at, updated_at)
-         SELECT '{tenant}', gen_random_uuid(), 'BULK-' || g, 1, 'CREATED', now(), now()
-         FROM generate_series(1, {n}) g;
-         INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state,
-                response_status, response_body, resource_id, created_at, completed_at, expires_at)
-         SELECT tenant_id, 'POST /v1/orders', 'bulk-key-' || id, sha256(id::text::bytea), 'COMPLETED',
-                201, convert_to(json_build_object('id', id)::text, 'UTF8'), id, now(), now(),
-                now() + interval '1 day'
-         FROM orders WHERE tenant_id = '{tenant}' AND sku LIKE 'BULK-%';
-         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
-                occurred_at, status, next_attempt_at)
-         SELECT tenant_id, gen_random_uuid(), id, 1, 'OrderCreated',
-                json_build_object('event_type', 'OrderCreated', 'tenant_id', tenant_id,
-                                  'order', json_build_object('id', id)),
-                now(), 'PENDING', now()
-         FROM orders WHERE tenant_id = '{tenant}' AND sku LIKE 'BULK-%';"
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-}
-
 /// A create over MCP (`create_order`), as one stateless JSON-RPC request: the tool
 /// result.
 async fn mcp_create(app: &TestApp, token: &str, request_id: &str) -> Value {
@@ -144,7 +118,7 @@ async fn an_erasure_racing_a_writer_and_a_publishing_relay_leaves_nothing_and_no
         );
     }
     // A backlog the relay is publishing while the erasure runs.
-    backlog(&db, tenant, 1500).await;
+    db.backlog(tenant, 1500).await;
 
     // The tenant keeps writing, one create every 20 ms, until told to stop.
     let statuses = Arc::new(Mutex::new(Vec::<(u16, Value)>::new()));
@@ -285,7 +259,7 @@ async fn the_refusal_survives_a_killed_erase_holds_in_every_process_and_ends_whe
     let first = app.create(&token, &key, &body).await;
     assert_eq!(first.status, 201);
     assert_eq!(app.create(&token, &key, &body).await.body, first.body);
-    backlog(&db, tenant, 2000).await;
+    db.backlog(tenant, 2000).await;
 
     // Slow on purpose, then killed midway.
     let killed = KillOnDrop(
@@ -378,7 +352,7 @@ async fn the_refusal_survives_a_killed_erase_holds_in_every_process_and_ends_whe
 async fn the_rate_asked_is_the_rate_done_whatever_the_batch() {
     let db = TestDb::new().await;
     let tenant = Uuid::new_v4();
-    backlog(&db, tenant, 200).await; // 600 rows
+    db.backlog(tenant, 200).await; // 600 rows
     let started = std::time::Instant::now();
     let out = erase(
         &db,
@@ -415,7 +389,7 @@ async fn an_erase_gives_up_on_a_transaction_left_open_and_a_rerun_completes_once
     }
     let db = TestDb::new().await;
     let tenant = Uuid::new_v4();
-    backlog(&db, tenant, 10).await;
+    db.backlog(tenant, 10).await;
     // A console left in a transaction that has written something.
     let mut console = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await

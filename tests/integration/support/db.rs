@@ -269,6 +269,32 @@ impl TestDb {
         PgConnectOptions::from_str(&self.url).expect("test URL parses")
     }
 
+    /// `n` orders of `tenant` laid down by SQL, each with its stored answer and a
+    /// PENDING event, as a busy tenant leaves them.
+    pub async fn backlog(&self, tenant: Uuid, n: i64) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO orders (tenant_id, id, sku, quantity, status, created_at, updated_at)
+             SELECT '{tenant}', gen_random_uuid(), 'BULK-' || g, 1, 'CREATED', now(), now()
+             FROM generate_series(1, {n}) g;
+             INSERT INTO idempotency_record (tenant_id, endpoint, idem_key, fingerprint, state,
+                    response_status, response_body, resource_id, created_at, completed_at, expires_at)
+             SELECT tenant_id, 'POST /v1/orders', 'bulk-key-' || id, sha256(id::text::bytea), 'COMPLETED',
+                    201, convert_to(json_build_object('id', id)::text, 'UTF8'), id, now(), now(),
+                    now() + interval '1 day'
+             FROM orders WHERE tenant_id = '{tenant}' AND sku LIKE 'BULK-%';
+             INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+                    occurred_at, status, next_attempt_at)
+             SELECT tenant_id, gen_random_uuid(), id, 1, 'OrderCreated',
+                    json_build_object('event_type', 'OrderCreated', 'tenant_id', tenant_id,
+                                      'order', json_build_object('id', id)),
+                    now(), 'PENDING', now()
+             FROM orders WHERE tenant_id = '{tenant}' AND sku LIKE 'BULK-%';"
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&self.pool)

@@ -22,14 +22,6 @@ fn tansu() -> String {
     std::env::var("ORDERD_TEST_TANSU").unwrap_or_else(|_| "tansu".into())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A broker of a test's own, killed on drop; it can be killed and started again on the
 /// same port (with memory storage it then forgets its topics and producer ids, as a
 /// broker that lost its disk would).
@@ -40,7 +32,7 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Self {
-        let port = free_port();
+        let port = super::free_port();
         let mut broker = Self {
             port,
             process: None,
@@ -95,7 +87,7 @@ pub fn shared_brokers() -> String {
     static BROKERS: OnceLock<String> = OnceLock::new();
     BROKERS
         .get_or_init(|| {
-            let port = free_port();
+            let port = super::free_port();
             let url = format!("tcp://127.0.0.1:{port}");
             let script = format!(
                 "{tansu} broker --listener-url {url} --advertised-listener-url {url} \

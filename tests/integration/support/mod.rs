@@ -17,3 +17,12 @@ pub use app::{
 };
 pub use db::{TestDb, admin_url, create_order_in, on_citus};
 pub use process::{KillOnDrop, ServeProcess, failures, sample, until_failures};
+
+/// A loopback port nothing listens on right now, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

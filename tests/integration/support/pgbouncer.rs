@@ -6,7 +6,6 @@
 //! behind a pooler configured that way in production.
 
 use std::{
-    net::TcpListener,
     path::PathBuf,
     process::{Command, Stdio},
     str::FromStr,
@@ -31,22 +30,14 @@ pub fn address() -> String {
 
 /// `url` (a database on the test server) with PgBouncer's address instead.
 pub fn url_through(url: &str) -> String {
-    let options = PgConnectOptions::from_str(url).expect("a test URL");
-    let database = options.get_database().unwrap_or("postgres");
-    format!(
-        "postgres://{}@{}/{database}",
-        options.get_username(),
-        address()
-    )
+    url_at(url, &address())
 }
 
-/// A free loopback port.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `url` with `address` (`host:port`) in place of the server's.
+fn url_at(url: &str, address: &str) -> String {
+    let options = PgConnectOptions::from_str(url).expect("a test URL");
+    let database = options.get_database().unwrap_or("postgres");
+    format!("postgres://{}@{address}/{database}", options.get_username())
 }
 
 /// Writes `dir`'s configuration: transaction mode on `port` in front of the test server,
@@ -97,7 +88,7 @@ fn until_listening(port: u16, dir: &std::path::Path) {
 }
 
 fn start() -> String {
-    let port = free_port();
+    let port = super::free_port();
     let dir: PathBuf =
         std::env::temp_dir().join(format!("orderd-pgbouncer-{}", std::process::id()));
     let as_postgres = configure(&dir, port);
@@ -134,7 +125,7 @@ pub struct OwnPgBouncer {
 
 impl OwnPgBouncer {
     pub fn start() -> Self {
-        let port = free_port();
+        let port = super::free_port();
         let dir = std::env::temp_dir().join(format!("orderd-pgbouncer-own-{port}"));
         let as_postgres = configure(&dir, port);
         let bouncer = Self {
@@ -148,13 +139,7 @@ impl OwnPgBouncer {
 
     /// `url` (a database on the test server) through this PgBouncer.
     pub fn url_through(&self, url: &str) -> String {
-        let options = PgConnectOptions::from_str(url).expect("a test URL");
-        let database = options.get_database().unwrap_or("postgres");
-        format!(
-            "postgres://{}@127.0.0.1:{}/{database}",
-            options.get_username(),
-            self.port
-        )
+        url_at(url, &format!("127.0.0.1:{}", self.port))
     }
 
     fn run(&self) {

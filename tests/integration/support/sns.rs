@@ -2,7 +2,7 @@
 //! SQS queue per test (raw message delivery), read back through SQS's JSON protocol.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     process::{Command, Stdio},
     sync::OnceLock,
     time::Duration,
@@ -31,11 +31,7 @@ pub fn moto_address() -> SocketAddr {
 /// exits with this test process; returns its endpoint. moto keeps every message in
 /// memory and slows down as it fills, so a high-volume test wants a fresh one.
 pub fn start_moto() -> String {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = super::free_port();
     let script = format!(
         "moto_server -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; \
          while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill $m",
