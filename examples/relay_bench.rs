@@ -37,6 +37,7 @@ use orderd::{
         wake::Waker,
     },
     service::Endpoint,
+    supervisor::Jobs,
     tenant::TenantId,
 };
 use tokio_util::sync::CancellationToken;
@@ -313,16 +314,9 @@ async fn write_orders(
     rate: u32,
     total: u32,
 ) -> Vec<(Uuid, Instant)> {
-    let guard = Guard::new(db.clone(), config.idempotency.clone());
+    let guard = Guard::new(db.clone(), config.idempotency.clone(), Jobs::default());
     // On Citus no trigger wakes the relays: the writers do, as `serve`'s do.
-    let (waker, stop_waking) = (
-        if db.distributed() {
-            Waker::on()
-        } else {
-            Waker::off()
-        },
-        CancellationToken::new(),
-    );
+    let (waker, stop_waking) = (Waker::for_layout(db.layout()), CancellationToken::new());
     let sending = tokio::spawn(waker.clone().send(db.clone(), stop_waking.clone()));
     let new = NewOrder::parse(
         serde_json::json!({"sku": "BENCH-1", "quantity": 1})

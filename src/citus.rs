@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::PgConnection;
+use sqlx::{AssertSqlSafe, PgConnection};
 
 use crate::db::Sql;
 
@@ -30,121 +30,137 @@ use crate::db::Sql;
 #[derive(Debug, Clone)]
 pub struct Step {
     /// What it does, in a few words.
-    pub what: &'static str,
+    pub what: String,
     /// How long it took; `None` when it had been done before.
     pub took: Option<Duration>,
 }
 
 /// A step: a statement that tells whether it was done, and the statement doing it.
 struct Plan {
-    what: &'static str,
-    done: &'static str,
-    run: &'static str,
+    what: String,
+    done: String,
+    run: String,
 }
 
-/// The distribution, in the order it runs, in one transaction. The trigger that woke
-/// the relays goes first (a distributed table takes none; the writers and the relays'
-/// poll wake them instead), with the index no statement reads on Citus; then the
-/// erasure marks (a small table copied to every node, which the statements of the
-/// distributed tables read there); then `orders`, which gives the co-location group,
-/// and the two tables co-located with it.
-const DISTRIBUTE: [Plan; 6] = [
-    Plan {
-        what: "outbox_event: the wake-up trigger dropped",
-        done: "SELECT NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_event_notify')",
-        run: "DROP TRIGGER IF EXISTS outbox_event_notify ON outbox_event",
+/// How a table of orderd's lives on a cluster.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// A copy on every node: the erasure marks, which the statements of the distributed
+    /// tables read on the tenant's worker.
+    Reference,
+    /// Hash-distributed by `tenant_id`: the table that gives the co-location group.
+    ByTenant,
+    /// Hash-distributed by `tenant_id`, co-located with `orders`, so that a tenant's
+    /// rows of every table live in shards on one worker and commit there together.
+    CoLocatedWithOrders,
+}
+
+/// The distributed layout, declared once, in the order a move makes it (the migration
+/// that distributes a new database makes the same): the distribution and its rollback
+/// are both derived from it.
+const TABLES: [(&str, Placement); 4] = [
+    ("tenant_erasure", Placement::Reference),
+    ("orders", Placement::ByTenant),
+    ("idempotency_record", Placement::CoLocatedWithOrders),
+    ("outbox_event", Placement::CoLocatedWithOrders),
+];
+
+/// What the single-server layout has and a distributed one cannot: the trigger that
+/// wakes the relays (a distributed table takes none; the writers wake them instead)
+/// and the index no statement reads on Citus. Dropped first by a move, made again last
+/// by the rollback.
+struct OneServerOnly {
+    name: &'static str,
+    /// Whether it exists.
+    exists: &'static str,
+    drop: &'static str,
+    create: &'static str,
+}
+
+const ONE_SERVER_ONLY: [OneServerOnly; 2] = [
+    OneServerOnly {
+        name: "outbox_event: the wake-up trigger",
+        exists: "EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_event_notify')",
+        drop: "DROP TRIGGER IF EXISTS outbox_event_notify ON outbox_event",
+        create: "CREATE TRIGGER outbox_event_notify AFTER INSERT ON outbox_event FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify()",
     },
-    Plan {
-        what: "outbox_event: the index by due time dropped",
-        done: "SELECT to_regclass('outbox_event_pending') IS NULL",
-        run: "DROP INDEX IF EXISTS outbox_event_pending",
-    },
-    Plan {
-        what: "tenant_erasure: a reference table",
-        done: "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'tenant_erasure'::regclass)",
-        run: "SELECT create_reference_table('tenant_erasure')",
-    },
-    Plan {
-        what: "orders: distributed by tenant_id",
-        done: "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'orders'::regclass)",
-        run: "SELECT create_distributed_table('orders', 'tenant_id')",
-    },
-    Plan {
-        what: "idempotency_record: distributed, co-located with orders",
-        done: "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_record'::regclass)",
-        run: "SELECT create_distributed_table('idempotency_record', 'tenant_id', colocate_with => 'orders')",
-    },
-    Plan {
-        what: "outbox_event: distributed, co-located with orders",
-        done: "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'outbox_event'::regclass)",
-        run: "SELECT create_distributed_table('outbox_event', 'tenant_id', colocate_with => 'orders')",
+    OneServerOnly {
+        name: "outbox_event: the index by due time",
+        exists: "to_regclass('outbox_event_pending') IS NOT NULL",
+        drop: "DROP INDEX IF EXISTS outbox_event_pending",
+        create: "CREATE INDEX IF NOT EXISTS outbox_event_pending ON outbox_event (next_attempt_at) WHERE status = 'PENDING'",
     },
 ];
+
+/// Whether `table` is distributed (or a reference table), as SQL.
+fn distributed(table: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = '{table}'::regclass)")
+}
+
+/// The distribution, in the order it runs, in one transaction: what one server alone
+/// has goes first, then each table as [`TABLES`] places it.
+fn distribute_plans() -> Vec<Plan> {
+    let drops = ONE_SERVER_ONLY.iter().map(|o| Plan {
+        what: format!("{} dropped", o.name),
+        done: format!("SELECT NOT {}", o.exists),
+        run: o.drop.to_string(),
+    });
+    let tables = TABLES.iter().map(|(table, placement)| {
+        let (what, run) = match placement {
+            Placement::Reference => (
+                format!("{table}: a reference table"),
+                format!("SELECT create_reference_table('{table}')"),
+            ),
+            Placement::ByTenant => (
+                format!("{table}: distributed by tenant_id"),
+                format!("SELECT create_distributed_table('{table}', 'tenant_id')"),
+            ),
+            Placement::CoLocatedWithOrders => (
+                format!("{table}: distributed, co-located with orders"),
+                format!(
+                    "SELECT create_distributed_table('{table}', 'tenant_id', colocate_with => 'orders')"
+                ),
+            ),
+        };
+        Plan {
+            what,
+            done: format!("SELECT {}", distributed(table)),
+            run,
+        }
+    });
+    drops.chain(tables).collect()
+}
 
 /// After the distribution commits, the rows the coordinator kept for each table, which
 /// nothing reads any longer, are truncated (a short lock on each table's local part).
-const LEFTOVERS: [Plan; 4] = [
-    leftover(
-        "tenant_erasure: the coordinator's old rows truncated",
-        "SELECT truncate_local_data_after_distributing_table('tenant_erasure')",
-    ),
-    leftover(
-        "orders: the coordinator's old rows truncated",
-        "SELECT truncate_local_data_after_distributing_table('orders')",
-    ),
-    leftover(
-        "idempotency_record: the coordinator's old rows truncated",
-        "SELECT truncate_local_data_after_distributing_table('idempotency_record')",
-    ),
-    leftover(
-        "outbox_event: the coordinator's old rows truncated",
-        "SELECT truncate_local_data_after_distributing_table('outbox_event')",
-    ),
-];
-
-/// A step run every time its part runs (nothing to look at first).
-const fn leftover(what: &'static str, run: &'static str) -> Plan {
-    Plan {
-        what,
-        done: "SELECT false",
-        run,
-    }
+/// Run every time their part runs (nothing to look at first).
+fn leftover_plans() -> Vec<Plan> {
+    TABLES
+        .iter()
+        .map(|(table, _)| Plan {
+            what: format!("{table}: the coordinator's old rows truncated"),
+            done: "SELECT false".to_string(),
+            run: format!("SELECT truncate_local_data_after_distributing_table('{table}')"),
+        })
+        .collect()
 }
 
 /// The rollback, in the order it runs, in one transaction: each table back on the
-/// coordinator, then the index and the trigger of the single-server layout.
-const UNDISTRIBUTE: [Plan; 6] = [
-    Plan {
-        what: "outbox_event: back on the coordinator",
-        done: "SELECT NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'outbox_event'::regclass)",
-        run: "SELECT undistribute_table('outbox_event')",
-    },
-    Plan {
-        what: "idempotency_record: back on the coordinator",
-        done: "SELECT NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'idempotency_record'::regclass)",
-        run: "SELECT undistribute_table('idempotency_record')",
-    },
-    Plan {
-        what: "orders: back on the coordinator",
-        done: "SELECT NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'orders'::regclass)",
-        run: "SELECT undistribute_table('orders')",
-    },
-    Plan {
-        what: "tenant_erasure: back on the coordinator",
-        done: "SELECT NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'tenant_erasure'::regclass)",
-        run: "SELECT undistribute_table('tenant_erasure')",
-    },
-    Plan {
-        what: "outbox_event: the index by due time built",
-        done: "SELECT to_regclass('outbox_event_pending') IS NOT NULL",
-        run: "CREATE INDEX IF NOT EXISTS outbox_event_pending ON outbox_event (next_attempt_at) WHERE status = 'PENDING'",
-    },
-    Plan {
-        what: "outbox_event: the wake-up trigger back",
-        done: "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_event_notify')",
-        run: "CREATE TRIGGER outbox_event_notify AFTER INSERT ON outbox_event FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify()",
-    },
-];
+/// coordinator, in the reverse of [`TABLES`], then what one server alone has, made
+/// again in the reverse of the order it was dropped.
+fn undistribute_plans() -> Vec<Plan> {
+    let tables = TABLES.iter().rev().map(|(table, _)| Plan {
+        what: format!("{table}: back on the coordinator"),
+        done: format!("SELECT NOT {}", distributed(table)),
+        run: format!("SELECT undistribute_table('{table}')"),
+    });
+    let creates = ONE_SERVER_ONLY.iter().rev().map(|o| Plan {
+        what: format!("{} back", o.name),
+        done: format!("SELECT {}", o.exists),
+        run: o.create.to_string(),
+    });
+    tables.chain(creates).collect()
+}
 
 /// Why a move cannot start, said so that the operator knows what to do.
 #[derive(Debug, thiserror::Error)]
@@ -204,9 +220,9 @@ pub async fn distribute(
     mut each: impl FnMut(&Step),
 ) -> Result<Option<Duration>, NotReady> {
     ready(conn).await?;
-    let held = in_one_transaction(conn, &DISTRIBUTE, &mut each).await?;
+    let held = in_one_transaction(conn, &distribute_plans(), &mut each).await?;
     if held.is_some() {
-        for plan in &LEFTOVERS {
+        for plan in &leftover_plans() {
             each(&timed(conn, plan).await?);
         }
     }
@@ -219,7 +235,7 @@ pub async fn undistribute(
     conn: &mut PgConnection,
     mut each: impl FnMut(&Step),
 ) -> sqlx::Result<Option<Duration>> {
-    in_one_transaction(conn, &UNDISTRIBUTE, &mut each).await
+    in_one_transaction(conn, &undistribute_plans(), &mut each).await
 }
 
 /// The steps not done yet, in one transaction, each timed; how long it took, `None`
@@ -232,10 +248,13 @@ async fn in_one_transaction(
     let mut to_do = Vec::new();
     for plan in plans {
         let mut sql = Sql::direct(conn);
-        let done: bool = sql.query_scalar(plan.done).fetch_one(sql.conn()).await?;
+        let done: bool = sql
+            .query_scalar(AssertSqlSafe(plan.done.as_str()))
+            .fetch_one(sql.conn())
+            .await?;
         if done {
             each(&Step {
-                what: plan.what,
+                what: plan.what.clone(),
                 took: None,
             });
         } else {
@@ -290,9 +309,45 @@ async fn steps_in_one_transaction(
 async fn timed(conn: &mut PgConnection, plan: &Plan) -> sqlx::Result<Step> {
     let started = Instant::now();
     let mut sql = Sql::direct(conn);
-    sql.query(plan.run).execute(sql.conn()).await?;
+    sql.query(AssertSqlSafe(plan.run.as_str()))
+        .execute(sql.conn())
+        .await?;
     Ok(Step {
-        what: plan.what,
+        what: plan.what.clone(),
         took: Some(started.elapsed()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rollback undoes the move step by step, in the reverse order, from the one
+    /// declaration: every table the move places goes back, and everything the move drops
+    /// is made again.
+    #[test]
+    fn the_rollback_is_the_move_reversed() {
+        let moved: Vec<String> = distribute_plans().into_iter().map(|p| p.run).collect();
+        let back: Vec<String> = undistribute_plans().into_iter().map(|p| p.run).collect();
+        assert_eq!(moved.len(), back.len());
+        for (table, _) in TABLES {
+            let placed = moved
+                .iter()
+                .position(|r| r.contains(&format!("('{table}'")));
+            let returned = back
+                .iter()
+                .position(|r| *r == format!("SELECT undistribute_table('{table}')"));
+            assert!(placed.is_some() && returned.is_some(), "{table}");
+            assert_eq!(
+                placed.unwrap(),
+                moved.len() - 1 - returned.unwrap(),
+                "{table}"
+            );
+        }
+        for one in &ONE_SERVER_ONLY {
+            let dropped = moved.iter().position(|r| r == one.drop).unwrap();
+            let made = back.iter().position(|r| r == one.create).unwrap();
+            assert_eq!(dropped, moved.len() - 1 - made, "{}", one.name);
+        }
+    }
 }

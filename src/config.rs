@@ -4,7 +4,7 @@
 //! A module declares its settings with [`settings!`](settings): one row per
 //! setting (its field, the parser, the variable, its default, its range and its
 //! meaning), from which come a [`Setting`] constant (for start-up errors and the
-//! README's table), the field of a typed struct, and the function that reads and checks
+//! docs/configuration.md's table), the field of a typed struct, and the function that reads and checks
 //! it. `app::Config` puts the owners' structs together. A missing, malformed or
 //! out-of-range value stops the process at start with one line naming the variable;
 //! secrets are wrapped in [`Secret`] so no `Debug` output or log line can print them.
@@ -90,7 +90,7 @@ macro_rules! settings {
         }
 
         impl $name {
-            /// This struct's settings, in the order the README lists them.
+            /// This struct's settings, in the order docs/configuration.md lists them.
             pub const SETTINGS: &'static [&'static $crate::config::Setting] = &[$(&$id),*];
 
             /// Reads and checks every setting of this struct.
@@ -107,7 +107,7 @@ macro_rules! settings {
 
 pub(crate) use settings;
 
-/// The README's configuration table, for `settings` in order.
+/// The configuration table of docs/configuration.md, for `settings` in order.
 pub fn markdown_table(settings: &[&Setting]) -> String {
     let mut out = String::from("| variable | default | range | meaning |\n|---|---|---|---|\n");
     for s in settings {

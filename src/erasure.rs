@@ -108,7 +108,7 @@ pub async fn follow(
     // end that went unheard must not keep refusing the tenant until the session is back.
     let (beat, heard_from) = (liveness.bound() / 4, liveness.clone());
     let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
-    let listening = tokio::spawn(db::listen(
+    let listening = db::listen(
         listen_on,
         CHANNEL,
         liveness,
@@ -120,38 +120,41 @@ pub async fn follow(
             let _ = wake.try_send(());
         },
         shutdown.clone(),
-    ));
-    loop {
-        tokio::select! {
-            heard = woken.recv() => {
-                if heard.is_none() {
-                    break;
-                }
-                let mut pause = std::time::Duration::from_millis(100);
-                loop {
-                    match erasures.reload(&db).await {
-                        Ok(tenants) => {
-                            tracing::info!(erasing = tenants.len(), "tenants being erased reloaded");
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot read the tenants being erased; retrying");
-                            tokio::select! {
-                                _ = tokio::time::sleep(pause) => {}
-                                _ = shutdown.cancelled() => return,
+    );
+    // Beside the listening session, in this job's own task: the two end together.
+    let following = async move {
+        loop {
+            tokio::select! {
+                heard = woken.recv() => {
+                    if heard.is_none() {
+                        break;
+                    }
+                    let mut pause = std::time::Duration::from_millis(100);
+                    loop {
+                        match erasures.reload(&db).await {
+                            Ok(tenants) => {
+                                tracing::info!(erasing = tenants.len(), "tenants being erased reloaded");
+                                break;
                             }
-                            pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot read the tenants being erased; retrying");
+                                tokio::select! {
+                                    _ = tokio::time::sleep(pause) => {}
+                                    _ = shutdown.cancelled() => return,
+                                }
+                                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                            }
                         }
                     }
                 }
-            }
-            _ = tokio::time::sleep(beat), if !heard_from.fresh(std::time::Instant::now()) => {
-                if let Err(e) = erasures.reload(&db).await {
-                    tracing::debug!(error = %e, "cannot read the tenants being erased");
+                _ = tokio::time::sleep(beat), if !heard_from.fresh(std::time::Instant::now()) => {
+                    if let Err(e) = erasures.reload(&db).await {
+                        tracing::debug!(error = %e, "cannot read the tenants being erased");
+                    }
                 }
+                _ = shutdown.cancelled() => break,
             }
-            _ = shutdown.cancelled() => break,
         }
-    }
-    let _ = listening.await;
+    };
+    tokio::join!(listening, following);
 }

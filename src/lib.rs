@@ -4,8 +4,9 @@
 //! Modules from the top down (`docs/architecture.md`; a test keeps imports pointing
 //! down): `cli` and `app` compose; `api` is the transports (REST and MCP); `service`
 //! is the application layer both call; `idempotency`, `orders` and `outbox` are the
-//! core; `auth`, `retention`, `lifecycle`, `supervisor` serve them; `db`, `telemetry`, `tenant`,
-//! `metrics` and `config` are leaves or near-leaves.
+//! core; `auth`, `retention`, `reconcile`, `lifecycle`, `erasure`, `citus` and
+//! `supervisor` serve them; `db`, `telemetry`, `tenant`, `trace_context`, `metrics` and
+//! `config` are leaves or near-leaves.
 
 /// The HTTP surface: REST API, spec, problem mapping, probes, `/metrics`.
 pub mod api;
@@ -17,9 +18,10 @@ pub mod auth;
 pub mod citus;
 /// The command line and the one-shot commands.
 pub mod cli;
-/// Typed settings from the environment, from one table.
+/// The machinery of typed settings from the environment; each module declares its own.
 pub mod config;
-/// The connection pool and embedded migrations.
+/// The database: pools, the one executor, where the tables live (the layout), `LISTEN`
+/// sessions, advisory locks and the embedded migrations.
 pub mod db;
 /// Tenants being erased: the mark in the database and what every process knows of it.
 pub mod erasure;

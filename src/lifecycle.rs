@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 
 use crate::{
-    db::{Db, Sql},
+    db::{Db, Forms, Sql},
     erasure, idempotency,
     orders::{self, store::PageAfter},
     outbox,
@@ -132,10 +132,16 @@ enum Table {
 }
 
 impl Table {
-    fn erase_batch(self) -> &'static str {
+    /// Deletes up to `batch` of `tenant`'s rows of this table, by its owner.
+    async fn erase_batch(
+        self,
+        sql: &mut Sql<'_>,
+        tenant: TenantId,
+        batch: i64,
+    ) -> sqlx::Result<u64> {
         match self {
-            Table::Records => idempotency::store::ERASE_TENANT_BATCH,
-            Table::Orders => orders::store::ERASE_TENANT_BATCH,
+            Table::Records => idempotency::store::erase_tenant_batch(sql, tenant.0, batch).await,
+            Table::Orders => orders::store::erase_tenant_batch(sql, tenant.0, batch).await,
         }
     }
 }
@@ -220,12 +226,7 @@ pub async fn erase(
         loop {
             let (n, until): (i64, Option<DateTime<Utc>>) = db
                 .run(async |c| {
-                    c.query_as(outbox::store::ERASE_TENANT_BATCH)
-                        .bind(tenant.0)
-                        .bind(batch)
-                        .bind(lease_ms)
-                        .fetch_one(c.conn())
-                        .await
+                    outbox::store::erase_tenant_batch(c, tenant.0, batch, lease_ms).await
                 })
                 .await?;
             erased.events += n as u64;
@@ -239,15 +240,7 @@ pub async fn erase(
         for table in [Table::Records, Table::Orders] {
             loop {
                 let n = db
-                    .run(async |c| {
-                        let done = c
-                            .query(table.erase_batch())
-                            .bind(tenant.0)
-                            .bind(batch)
-                            .execute(c.conn())
-                            .await?;
-                        Ok(done.rows_affected())
-                    })
+                    .run(async |c| table.erase_batch(c, tenant, batch).await)
                     .await?;
                 *erased.of(table) += n;
                 pace(erased.rows()).await;
@@ -297,24 +290,15 @@ pub async fn erase(
     Ok(erased)
 }
 
-/// Rows of `tenant` in the three tables, counted on the keys it leads.
+/// Rows of `tenant` in the three tables, each counted by its owner on the keys the
+/// tenant leads.
 async fn rows_left(db: &Db, tenant: TenantId) -> sqlx::Result<i64> {
-    let mut left = 0;
-    for sql in [
-        outbox::store::COUNT_TENANT,
-        idempotency::store::COUNT_TENANT,
-        orders::store::COUNT_TENANT,
-    ] {
-        left += db
-            .run(async |c| {
-                c.query_scalar::<i64>(sql)
-                    .bind(tenant.0)
-                    .fetch_one(c.conn())
-                    .await
-            })
-            .await?;
-    }
-    Ok(left)
+    db.run(async |c| {
+        Ok(outbox::store::count_tenant(c, tenant.0).await?
+            + idempotency::store::count_tenant(c, tenant.0).await?
+            + orders::store::count_tenant(c, tenant.0).await?)
+    })
+    .await
 }
 
 /// The transactions running now, as the server records them.
@@ -335,15 +319,19 @@ const CLUSTER_STILL_RUNNING: &str = "SELECT count(*) FROM get_global_active_tran
      WHERE transaction_number <> 0 AND transaction_stamp < $1::timestamptz
        AND global_pid <> citus_backend_gpid()";
 
+/// Where the transactions to wait for are recorded: the server's snapshot on one
+/// server; Citus's distributed transactions on a cluster. Each form is the statement
+/// that marks the moment and the one that counts what still runs from before it.
+const RUNNING_TRANSACTIONS: Forms<(&str, &str)> = Forms {
+    one_server: (RUNNING_NOW, STILL_RUNNING),
+    distributed: (CLUSTER_NOW, CLUSTER_STILL_RUNNING),
+};
+
 /// Waits until every transaction that was running now has ended (the database's own
 /// record of them: `pg_current_snapshot()`, or Citus's distributed transactions),
 /// saying so every few seconds; gives up after `at_most`, the tenant still marked.
 async fn wait_for_running_transactions(db: &Db, at_most: Duration) -> anyhow::Result<()> {
-    let (now, still_running) = if db.distributed() {
-        (CLUSTER_NOW, CLUSTER_STILL_RUNNING)
-    } else {
-        (RUNNING_NOW, STILL_RUNNING)
-    };
+    let (now, still_running) = db.layout().pick(&RUNNING_TRANSACTIONS);
     let snapshot: String = db
         .run(async |c| c.query_scalar(now).fetch_one(c.conn()).await)
         .await?;

@@ -22,7 +22,7 @@ use sqlx::postgres::PgConnectOptions;
 
 use crate::{
     config::{parse, range, settings},
-    db::{self, Db, SessionLock},
+    db::{self, Db, Scan, SessionLock},
     metrics,
     supervisor::{Every, First, Run, Schedule},
 };
@@ -71,16 +71,6 @@ pub const EVENTS_OF_PAGE: &str = "
              AND e.aggregate_seq = w.version AND e.event_type = w.event_type
            LIMIT 1) e";
 
-/// [`EVENTS_OF_PAGE`] on a distributed database, where Citus joins a list of keys with
-/// a distributed table only as an `IN` on the distribution column: every event of the
-/// page's orders (each shard probes the key for its own tenants).
-pub const EVENTS_OF_PAGE_DISTRIBUTED: &str = "
-    SELECT e.tenant_id, e.aggregate_id, e.aggregate_seq, e.event_type
-      FROM outbox_event e
-     WHERE (e.tenant_id, e.aggregate_id) IN (
-           SELECT w.tenant_id, w.id
-             FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[]) AS w(tenant_id, id, version, event_type))";
-
 /// One page of completed keys after the keyset cursor, with the order each stored 2xx
 /// response names: by `resource_id`, kept in clear beside a body that may be sealed,
 /// or, for a record written before that column, by the body's `id` (such a body was
@@ -108,12 +98,6 @@ pub const ORDERS_OF_PAGE: &str = "
      CROSS JOIN LATERAL (
           SELECT o.tenant_id, o.id FROM orders o
            WHERE o.tenant_id = w.tenant_id AND o.id = w.id LIMIT 1) o";
-
-/// [`ORDERS_OF_PAGE`] on a distributed database (see [`EVENTS_OF_PAGE_DISTRIBUTED`]).
-pub const ORDERS_OF_PAGE_DISTRIBUTED: &str = "
-    SELECT o.tenant_id, o.id
-      FROM orders o
-     WHERE (o.tenant_id, o.id) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))";
 
 /// An order of a page: tenant, id, status, version, last change.
 type PageOrder = (Uuid, Uuid, String, i32, DateTime<Utc>);
@@ -227,11 +211,12 @@ impl Report {
 /// distributed database, worker by worker (see [`check_each_node`]).
 pub async fn reconcile_once(db: &Db, window: Duration, batch: i64) -> sqlx::Result<Report> {
     let mut report = Report::default();
-    if db.distributed() {
-        check_each_node(db, window, batch, &mut report).await?;
-    } else {
-        check_orders(db, window, batch, &mut report).await?;
-        check_keys(db, batch, &mut report).await?;
+    match db.layout().pick(&db::WHOLE_TABLE_READS) {
+        Scan::EachNode => check_each_node(db, window, batch, &mut report).await?,
+        Scan::OneStatement => {
+            check_orders(db, window, batch, &mut report).await?;
+            check_keys(db, batch, &mut report).await?;
+        }
     }
     Ok(report)
 }
@@ -489,11 +474,7 @@ async fn check_orders(
                 let ids: Vec<Uuid> = page.iter().map(|o| o.1).collect();
                 let versions: Vec<i32> = page.iter().map(|o| o.3).collect();
                 let expected: Vec<&str> = page.iter().map(|o| expected_event(&o.2)).collect();
-                let statement = if sql.distributed() {
-                    EVENTS_OF_PAGE_DISTRIBUTED
-                } else {
-                    EVENTS_OF_PAGE
-                };
+                let statement = EVENTS_OF_PAGE;
                 let events: Vec<(Uuid, Uuid, i32, String)> = sql
                     .query_as(statement)
                     .bind(tenants)
@@ -543,11 +524,7 @@ async fn check_keys(db: &Db, batch: i64, report: &mut Report) -> sqlx::Result<()
                     .iter()
                     .filter_map(|k| named_order(&k.5).map(|id| (k.0, id)))
                     .unzip();
-                let statement = if sql.distributed() {
-                    ORDERS_OF_PAGE_DISTRIBUTED
-                } else {
-                    ORDERS_OF_PAGE
-                };
+                let statement = ORDERS_OF_PAGE;
                 let existing: Vec<(Uuid, Uuid)> = sql
                     .query_as(statement)
                     .bind(tenants)

@@ -16,7 +16,7 @@ use crate::{
     supervisor::{Every, First, Run, Schedule},
 };
 use crate::{
-    db::{Db, Purged},
+    db::{Db, Sql},
     idempotency::store,
     outbox,
 };
@@ -45,11 +45,17 @@ pub struct IdempotencyPurge {
 pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<IdempotencyPurge> {
     Ok(IdempotencyPurge {
         expired_keys: in_batches(batch, || {
-            db.run(async |c| store::purge_expired(c, batch).await)
+            db.run(async |c| {
+                let found = store::expired_keys(c, batch).await?;
+                by_group(c, found, |g| g.2.len(), store::delete_expired).await
+            })
         })
         .await?,
         abandoned_claims: in_batches(batch, || {
-            db.run(async |c| store::purge_abandoned(c, ABANDONED_GRACE_SECS, batch).await)
+            db.run(async |c| {
+                let found = store::abandoned_claims(c, ABANDONED_GRACE_SECS, batch).await?;
+                by_group(c, found, |g| g.2.len(), store::delete_abandoned).await
+            })
         })
         .await?,
     })
@@ -60,9 +66,29 @@ pub async fn purge_idempotency_once(db: &Db, batch: i64) -> sqlx::Result<Idempot
 pub async fn purge_outbox_once(db: &Db, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let retention_secs = retention.as_secs() as i64;
     in_batches(batch, || {
-        db.run(async |c| outbox::store::purge_published(c, retention_secs, batch).await)
+        db.run(async |c| {
+            let found = outbox::store::purgeable_published(c, retention_secs, batch).await?;
+            by_group(c, found, |g| g.1.len(), outbox::store::delete_published).await
+        })
     })
     .await
+}
+
+/// Deletes what one batch of a purge `found`, one tenant's group per statement (each
+/// of `size` rows): a row another transaction holds, or that changed since it was
+/// found, is left for the next pass.
+async fn by_group<G>(
+    sql: &mut Sql<'_>,
+    found: Vec<G>,
+    size: impl Fn(&G) -> usize,
+    delete: impl AsyncFn(&mut Sql<'_>, G) -> sqlx::Result<u64>,
+) -> sqlx::Result<Purged> {
+    let mut purged = Purged::default();
+    for group in found {
+        purged.found += size(&group) as u64;
+        purged.deleted += delete(sql, group).await?;
+    }
+    Ok(purged)
 }
 
 /// Repeats one bounded purge until it finds fewer than `batch` rows past retention, or
@@ -133,4 +159,14 @@ pub async fn run(db: Db, interval: Duration, purges: Purges, shutdown: Cancellat
         };
         schedule.ran(run);
     }
+}
+
+/// What one batch of a purge found past retention, and how many of those it deleted:
+/// a purge reads its candidates without locks, then deletes them one tenant per
+/// statement, and a row another transaction held, or that changed meanwhile, is found
+/// but not deleted (the next pass takes it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    pub found: u64,
+    pub deleted: u64,
 }

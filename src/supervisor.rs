@@ -1,6 +1,9 @@
-//! Runs every background job of a process (relay, gauges, purges, the ops listener)
-//! under one cancellation token and one task tracker, so that shutdown is one call:
-//! cancel, then wait for every job to finish its current step.
+//! Runs every background job and task of a process (relay, gauges, purges, the ops
+//! listener, a claim's release after a dropped request) under one cancellation token
+//! and one task tracker, so that shutdown is one call: cancel, then wait for every job
+//! to finish its current step. `tests/architecture.rs` fails on a task spawned any
+//! other way (the HTTP server's per-connection tasks, and a pool's settling of a
+//! connection dropped unfinished, aside).
 
 use std::{future::Future, time::Duration};
 
@@ -11,6 +14,13 @@ use crate::metrics;
 /// The jobs of one process.
 #[derive(Default)]
 pub struct Supervisor {
+    jobs: Jobs,
+}
+
+/// Where jobs are spawned: a handle on a [`Supervisor`], cheap to clone, for the parts
+/// that start tasks of their own (the relay's listener, a claim's release).
+#[derive(Clone, Default)]
+pub struct Jobs {
     /// Cancelled once, on shutdown; every job watches it (or a clone).
     shutdown: CancellationToken,
     /// Every spawned job, so that shutdown can wait for all of them.
@@ -22,6 +32,46 @@ impl Supervisor {
         Self::default()
     }
 
+    /// A supervisor of a part's own jobs, stopped when `shutdown` is cancelled or
+    /// when [`Supervisor::shutdown`] is called, whichever comes first (the relay's
+    /// listener and side jobs, which end with the relay).
+    pub fn under(shutdown: &CancellationToken) -> Self {
+        Self {
+            jobs: Jobs {
+                shutdown: shutdown.child_token(),
+                tracker: TaskTracker::new(),
+            },
+        }
+    }
+
+    /// The token a job watches to know when to stop.
+    pub fn token(&self) -> CancellationToken {
+        self.jobs.token()
+    }
+
+    /// A handle to spawn more jobs here.
+    pub fn jobs(&self) -> Jobs {
+        self.jobs.clone()
+    }
+
+    /// Spawns `job`, built from the shutdown token it must watch.
+    pub fn spawn<F, Fut>(&self, name: &'static str, job: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.jobs.spawn(name, job)
+    }
+
+    /// Cancels every job and waits until all have returned.
+    pub async fn shutdown(self) {
+        self.jobs.shutdown.cancel();
+        self.jobs.tracker.close();
+        self.jobs.tracker.wait().await;
+    }
+}
+
+impl Jobs {
     /// The token a job watches to know when to stop.
     pub fn token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -40,11 +90,10 @@ impl Supervisor {
         });
     }
 
-    /// Cancels every job and waits until all have returned.
-    pub async fn shutdown(self) {
-        self.shutdown.cancel();
-        self.tracker.close();
-        self.tracker.wait().await;
+    /// Spawns a short task that finishes on its own (a claim given back): shutdown
+    /// waits for it rather than cutting it off.
+    pub fn spawn_task(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
     }
 }
 

@@ -440,3 +440,120 @@ fn the_application_layer_names_no_http_type() {
         found.join("\n")
     );
 }
+
+/// The database's layout is looked at in one place, where a concern's two forms are
+/// picked (`db::layout`): a test of it anywhere else is a third form in the making,
+/// and the two forms of a concern drift apart when they live in branches far apart.
+#[test]
+fn the_layout_is_looked_at_only_where_a_form_is_picked() {
+    let layout = Path::new(ROOT).join("src/db/layout.rs");
+    let found = mentions(
+        all_sources().into_iter().filter(|f| *f != layout),
+        &[
+            "distributed()",
+            "== Layout::",
+            "!= Layout::",
+            "Layout::of(",
+            "Layout::DISTRIBUTED",
+            "Layout::ONE_SERVER",
+            ".replace(\"e.tenant_id",
+        ],
+    );
+    assert!(
+        found.is_empty(),
+        "declare the concern's two forms as a db::Forms and pick one with Layout::pick:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Every task runs under a supervisor, so that shutdown waits for it (`supervisor`):
+/// a task spawned any other way is cut off half-way at shutdown. Aside: the HTTP
+/// server's per-connection tasks (the server drains them itself), and the pool's
+/// settling of a connection dropped unfinished (spawned from a `Drop`, bounded by the
+/// database deadline, and over once the pool is).
+#[test]
+fn every_task_is_spawned_through_a_supervisor() {
+    let src = Path::new(ROOT).join("src");
+    let allowed = [
+        src.join("supervisor.rs"),
+        src.join("api/server.rs"),
+        src.join("db/pool.rs"),
+    ];
+    let found = mentions(
+        all_sources().into_iter().filter(|f| !allowed.contains(f)),
+        &[
+            "tokio::spawn",
+            "task::spawn(",
+            "Handle::current",
+            "Handle::try_current",
+            "JoinSet",
+        ],
+    );
+    assert!(
+        found.is_empty(),
+        "spawn through supervisor::Supervisor or supervisor::Jobs:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The HTTP crate stays in the transports: below `api` (and the `app` and `cli` that
+/// compose it) nothing names `poem::`. The views' and problems' OpenAPI schemas
+/// (`poem_openapi` derives on data types) are descriptions of data, not HTTP, and stay
+/// with the types they describe (docs/adr).
+#[test]
+fn nothing_below_the_transports_names_the_http_crate() {
+    let above = ["api", "app", "cli"];
+    let files = graph()
+        .keys()
+        .filter(|m| !above.contains(&m.as_str()))
+        .flat_map(|m| files_of(m))
+        .collect::<Vec<_>>();
+    let found = mentions(files, &["poem::"]);
+    assert!(
+        found.is_empty(),
+        "HTTP below the transports:\n{}",
+        found.join("\n")
+    );
+}
+
+/// A newcomer finds every part from the documents: each top-level module of `src/` is
+/// described in `docs/architecture.md` (as `**`module`**`) and placed in the README's
+/// layout (`src/module.rs` or `src/module/`), and every subcommand of `orderd` has its
+/// row in the README's command table (`| `orderd outbox stats ...`).
+#[test]
+fn every_module_and_subcommand_is_in_the_documents() {
+    use clap::CommandFactory;
+    let architecture = fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).unwrap();
+    let readme = fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let mut missing = Vec::new();
+    for module in graph().keys() {
+        if !architecture.contains(&format!("**`{module}`**")) {
+            missing.push(format!("docs/architecture.md describes no **`{module}`**"));
+        }
+        let (file, folder) = (format!("src/{module}.rs "), format!("src/{module}/ "));
+        if !readme.contains(&file) && !readme.contains(&folder) {
+            missing.push(format!("the README's layout has no src/{module}"));
+        }
+    }
+    let mut commands = Vec::new();
+    for command in orderd::cli::Cli::command().get_subcommands() {
+        let name = command.get_name().to_string();
+        let subs: Vec<String> = command
+            .get_subcommands()
+            .map(|s| format!("{name} {}", s.get_name()))
+            .collect();
+        if subs.is_empty() {
+            commands.push(name);
+        } else {
+            commands.extend(subs);
+        }
+    }
+    for command in commands {
+        if !readme.contains(&format!("| `orderd {command}")) {
+            missing.push(format!(
+                "the README's command table has no `orderd {command}`"
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}

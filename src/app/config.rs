@@ -33,7 +33,7 @@ fn threads(env: &Env<'_>, s: &Setting) -> Result<Option<usize>, ConfigError> {
     Ok(Some(parse::number::<usize>(env, s)?).filter(|&n| n > 0))
 }
 
-/// Every setting, grouped by owner, in the order the README lists them.
+/// Every setting, grouped by owner, in the order docs/configuration.md lists them.
 pub const SETTINGS: &[&[&Setting]] = &[
     DbConfig::SETTINGS,
     HttpConfig::SETTINGS,
@@ -49,7 +49,7 @@ pub const SETTINGS: &[&[&Setting]] = &[
     LogConfig::SETTINGS,
 ];
 
-/// The README's configuration table.
+/// The configuration table of docs/configuration.md.
 pub fn settings_table() -> String {
     markdown_table(&SETTINGS.concat())
 }

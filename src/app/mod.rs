@@ -152,18 +152,19 @@ impl Application {
         // a job below.
         let erasures = Arc::new(Erasures::default());
         erasures.reload(&self.db).await?;
-        let guard = Guard::new(self.db.clone(), self.config.idempotency.clone());
-        let guard_cache = guard.replay_cache().clone();
         let supervisor = Supervisor::new();
+        let guard = Guard::new(
+            self.db.clone(),
+            self.config.idempotency.clone(),
+            supervisor.jobs(),
+        );
+        let guard_cache = guard.replay_cache().clone();
         // A distributed outbox has no trigger to wake the relays: the writes do.
-        let waker = if self.db.distributed() {
-            let (waker, db) = (outbox::wake::Waker::on(), self.db.clone());
-            let sender = waker.clone();
+        let waker = outbox::wake::Waker::for_layout(self.db.layout());
+        if waker.is_on() {
+            let (sender, db) = (waker.clone(), self.db.clone());
             supervisor.spawn("relay wake-ups", move |token| sender.send(db, token));
-            waker
-        } else {
-            outbox::wake::Waker::off()
-        };
+        }
         let service = Service::new(
             self.db.clone(),
             guard.clone(),

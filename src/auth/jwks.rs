@@ -171,15 +171,19 @@ impl Jwks {
             return None;
         }
         state.last = Some(now);
+        // Not a task of its own: the lookups that wait for it drive it, each through
+        // its shared handle, so a fetch needs no job to outlive its requests (one whose
+        // requests were all dropped is driven on by the next lookup that joins it).
         let jwks = self.clone();
-        let task = tokio::spawn(async move {
+        let fetch = async move {
             jwks.refresh().await;
             jwks.unknown_kid
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .running = None;
-        });
-        let fetch = task.map(|_| ()).boxed().shared();
+        }
+        .boxed()
+        .shared();
         state.running = Some(fetch.clone());
         Some(fetch)
     }

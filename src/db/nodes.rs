@@ -16,7 +16,23 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{End, Sql};
+use super::{End, Forms, Sql};
+
+/// How a read over every tenant's rows runs (a purge's candidates, the outbox's
+/// gauges, the tenants with due events): one statement on one server; on distributed
+/// tables, one command per worker ([`read_each_node`]), so that a worker that does not
+/// answer costs only its own shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scan {
+    OneStatement,
+    EachNode,
+}
+
+/// The two forms of a read over every tenant's rows (see [`Scan`]).
+pub const WHOLE_TABLE_READS: Forms<Scan> = Forms {
+    one_server: Scan::OneStatement,
+    distributed: Scan::EachNode,
+};
 
 /// How long the coordinator waits to connect to a worker for one of these reads.
 pub const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

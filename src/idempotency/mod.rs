@@ -47,6 +47,7 @@ pub use self::{
 use crate::{
     db::{Conn, Db, Sql},
     metrics::{self, label_enum},
+    supervisor::Jobs,
     telemetry,
 };
 
@@ -131,6 +132,9 @@ pub struct Guard {
     cache: ReplayCache,
     /// Seals what is stored and opens what is replayed (`ORDERD_RESPONSE_KEYS`).
     sealer: Arc<Sealer>,
+    /// Where a claim is given back after its request was dropped, so that shutdown
+    /// waits for the release instead of cutting it off.
+    jobs: Jobs,
 }
 
 /// What the claim step decided.
@@ -149,7 +153,7 @@ enum Claim {
 }
 
 impl Guard {
-    pub fn new(db: Db, config: IdempotencyConfig) -> Self {
+    pub fn new(db: Db, config: IdempotencyConfig, jobs: Jobs) -> Self {
         let cache = ReplayCache::new(config.replay_cache_bytes);
         let clear = if config.refuse_clear_records {
             ClearRecords::Refuse
@@ -168,6 +172,7 @@ impl Guard {
             config,
             cache,
             sealer,
+            jobs,
         }
     }
 
@@ -267,6 +272,7 @@ impl Guard {
         // future) must give the key back so that a retry executes afresh.
         let mut release = ReleaseOnDrop {
             db: self.db.clone(),
+            jobs: self.jobs.clone(),
             scope: Some(scope.clone()),
             owner,
         };
@@ -596,6 +602,7 @@ fn observe<E>(
 /// Deletes the claim if dropped while armed: covers errors, panics and cancellation.
 struct ReleaseOnDrop {
     db: Db,
+    jobs: Jobs,
     scope: Option<Scope>,
     owner: Uuid,
 }
@@ -612,16 +619,14 @@ impl Drop for ReleaseOnDrop {
             return;
         };
         let (db, owner) = (self.db.clone(), self.owner);
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = db
-                    .run(async |c| store::release(c, &scope, owner).await)
-                    .await
-                {
-                    // The lease still expires, after which a retry takes the key over.
-                    tracing::warn!(error = %e, "could not release an idempotency claim");
-                }
-            });
-        }
+        self.jobs.spawn_task(async move {
+            if let Err(e) = db
+                .run(async |c| store::release(c, &scope, owner).await)
+                .await
+            {
+                // The lease still expires, after which a retry takes the key over.
+                tracing::warn!(error = %e, "could not release an idempotency claim");
+            }
+        });
     }
 }

@@ -33,7 +33,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::{self, End, Purged, Sql};
+use crate::db::{self, End, Forms, Placeholders, Scan, Sql};
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -125,7 +125,7 @@ pub const CLAIM_OR_READ: &str = "WITH erasing AS (
      claim AS (
          INSERT INTO idempotency_record
                 (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-         SELECT $1, $2, $3, $4, 'PROCESSING', $5, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp()
+         SELECT $1, $2, $3, $4, 'PROCESSING', $5, statement_timestamp() + $6 * interval '1 millisecond', statement_timestamp()
          FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, erasing
          WHERE NOT erasing.yes
          ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
@@ -149,6 +149,23 @@ pub const CLAIM_OR_READ: &str = "WITH erasing AS (
      SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             clock_timestamp()
      FROM erasing WHERE yes";
+
+/// How a request claims its key (or reads the record holding it).
+#[derive(Clone, Copy, Debug)]
+enum ClaimWrite {
+    /// [`CLAIM_OR_READ`]: one statement.
+    OneStatement,
+    /// [`CLAIM_ROUTED`], the erasure mark and the record, each routed to the tenant's
+    /// worker, in one transaction.
+    RoutedSteps,
+}
+
+/// The claim's two forms. Both write the lease by the statement's time
+/// (`statement_timestamp()`), as every write of this table does.
+const CLAIM_WRITE: Forms<ClaimWrite> = Forms {
+    one_server: ClaimWrite::OneStatement,
+    distributed: ClaimWrite::RoutedSteps,
+};
 
 /// The claim of [`CLAIM_OR_READ`] alone, as Citus routes it to the tenant's worker (a
 /// fast-path `INSERT ... VALUES`): [`CLAIM_OR_READ`] itself is correct there but runs
@@ -207,7 +224,7 @@ pub const RECLAIM: &str = "UPDATE idempotency_record
 
 /// The fenced completion as a part of a statement: the record moves to COMPLETED with
 /// its response only while `fence`'s owner still owns it. It numbers its own
-/// parameters from wherever the composing statement puts it ([`Completion::sql`]) and
+/// parameters as the composing statement hands them out ([`Completion::sql`]) and
 /// binds them itself ([`Completion::bind`]), so a statement that embeds it (a create:
 /// the order, its event and the completion in one round trip) never spells its
 /// parameters. The body is sealed here, under the fence's keys, so that no caller can
@@ -220,9 +237,6 @@ pub struct Completion<'a> {
 }
 
 impl<'a> Completion<'a> {
-    /// How many parameters [`Completion::sql`] uses.
-    pub const PARAMS: usize = 12;
-
     /// The completion of `fence`'s record with `response`, its body sealed.
     pub fn new(fence: &'a Fence<'a>, response: &'a StoredResponse) -> sqlx::Result<Self> {
         let body = fence
@@ -239,9 +253,12 @@ impl<'a> Completion<'a> {
         })
     }
 
-    /// The `UPDATE`, its parameters numbered from `$first`.
-    pub fn sql(first: usize) -> String {
-        let p = |i: usize| format!("${}", first + i);
+    /// The `UPDATE`, its parameters taken from `p` in the order [`Completion::bind`]
+    /// binds them.
+    pub fn sql(p: &mut Placeholders) -> String {
+        let (tenant, endpoint, key, owner) = (p.param(), p.param(), p.param(), p.param());
+        let (status, location, content_type, body) = (p.param(), p.param(), p.param(), p.param());
+        let (expires, key_id, resource, version) = (p.param(), p.param(), p.param(), p.param());
         format!(
             "UPDATE idempotency_record
      SET state = 'COMPLETED', response_status = {status}, response_location = {location},
@@ -250,19 +267,7 @@ impl<'a> Completion<'a> {
          expires_at = {expires}, lease_until = NULL
      WHERE tenant_id = {tenant} AND endpoint = {endpoint} AND idem_key = {key}
        AND state = 'PROCESSING' AND owner_token = {owner}
-       AND NOT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = {tenant})",
-            tenant = p(0),
-            endpoint = p(1),
-            key = p(2),
-            owner = p(3),
-            status = p(4),
-            location = p(5),
-            content_type = p(6),
-            body = p(7),
-            expires = p(8),
-            key_id = p(9),
-            resource = p(10),
-            version = p(11),
+       AND NOT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = {tenant})"
         )
     }
 
@@ -287,7 +292,7 @@ impl<'a> Completion<'a> {
 }
 
 /// The fenced completion alone: the last statement of a business transaction.
-pub static COMPLETE: LazyLock<String> = LazyLock::new(|| Completion::sql(1));
+pub static COMPLETE: LazyLock<String> = LazyLock::new(|| Completion::sql(&mut Placeholders::new()));
 
 /// Gives a claim back: only the owner's own PROCESSING row.
 pub const RELEASE: &str = "DELETE FROM idempotency_record
@@ -423,6 +428,16 @@ pub const ERASE_TENANT_BATCH: &str = "DELETE FROM idempotency_record r
 
 /// How many records of tenant `$1` are left.
 pub const COUNT_TENANT: &str = "SELECT count(*) FROM idempotency_record WHERE tenant_id = $1";
+
+/// Deletes up to `batch` of `tenant`'s rows (see [`ERASE_TENANT_BATCH`]); how many went.
+pub async fn erase_tenant_batch(sql: &mut Sql<'_>, tenant: Uuid, batch: i64) -> sqlx::Result<u64> {
+    sql.tenant_batch(ERASE_TENANT_BATCH, tenant, batch).await
+}
+
+/// How many rows of `tenant` are left (see [`COUNT_TENANT`]).
+pub async fn count_tenant(sql: &mut Sql<'_>, tenant: Uuid) -> sqlx::Result<i64> {
+    sql.tenant_count(COUNT_TENANT, tenant).await
+}
 
 /// A completed record as a rewrap reads it: the whole stored answer, which its body is
 /// sealed to.
@@ -669,7 +684,7 @@ pub async fn claim_or_read(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
-    if sql.distributed() {
+    if let ClaimWrite::RoutedSteps = sql.layout().pick(&CLAIM_WRITE) {
         // On a distributed database: the claim, the erasure mark and, for a key
         // already there, its record, each a statement routed to the tenant's worker,
         // in one transaction. The claim goes first: from it on this is a distributed
@@ -818,37 +833,48 @@ pub async fn release(sql: &mut Sql<'_>, scope: &Scope, owner: Uuid) -> sqlx::Res
     Ok(())
 }
 
-/// Deletes up to `batch` of the oldest completed keys past retention, one statement
-/// per tenant.
-pub async fn purge_expired(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<Purged> {
-    let groups = if sql.distributed() {
-        purgeable_each_node(sql, &PAST_RETENTION, 0, batch).await?
-    } else {
-        sql.query_as(PURGEABLE_EXPIRED.as_str())
-            .bind(batch)
-            .fetch_all(sql.conn())
-            .await?
-    };
-    delete_by_tenant(sql, PURGE_EXPIRED.as_str(), groups).await
+/// Up to `batch` of the oldest completed keys past retention, grouped by tenant (a
+/// read that locks nothing; [`delete_expired`] then deletes each group).
+pub async fn expired_keys(sql: &mut Sql<'_>, batch: i64) -> sqlx::Result<Vec<PurgeGroup>> {
+    match sql.layout().pick(&db::WHOLE_TABLE_READS) {
+        Scan::OneStatement => {
+            sql.query_as(PURGEABLE_EXPIRED.as_str())
+                .bind(batch)
+                .fetch_all(sql.conn())
+                .await
+        }
+        Scan::EachNode => purgeable_each_node(sql, &PAST_RETENTION, 0, batch).await,
+    }
 }
 
-/// Deletes up to `batch` of the oldest PROCESSING claims whose lease ran out more than
-/// `grace_secs` ago and that no retry took over, one statement per tenant.
-pub async fn purge_abandoned(
+/// Up to `batch` of the oldest PROCESSING claims whose lease ran out more than
+/// `grace_secs` ago and that no retry took over, grouped by tenant (see
+/// [`expired_keys`]; [`delete_abandoned`] deletes each group).
+pub async fn abandoned_claims(
     sql: &mut Sql<'_>,
     grace_secs: i64,
     batch: i64,
-) -> sqlx::Result<Purged> {
-    let groups = if sql.distributed() {
-        purgeable_each_node(sql, &ABANDONED, grace_secs, batch).await?
-    } else {
-        sql.query_as(PURGEABLE_ABANDONED.as_str())
-            .bind(grace_secs)
-            .bind(batch)
-            .fetch_all(sql.conn())
-            .await?
-    };
-    delete_by_tenant(sql, PURGE_ABANDONED.as_str(), groups).await
+) -> sqlx::Result<Vec<PurgeGroup>> {
+    match sql.layout().pick(&db::WHOLE_TABLE_READS) {
+        Scan::OneStatement => {
+            sql.query_as(PURGEABLE_ABANDONED.as_str())
+                .bind(grace_secs)
+                .bind(batch)
+                .fetch_all(sql.conn())
+                .await
+        }
+        Scan::EachNode => purgeable_each_node(sql, &ABANDONED, grace_secs, batch).await,
+    }
+}
+
+/// Deletes one tenant's group of [`expired_keys`] still expired; how many went.
+pub async fn delete_expired(sql: &mut Sql<'_>, group: PurgeGroup) -> sqlx::Result<u64> {
+    delete_group(sql, PURGE_EXPIRED.as_str(), group).await
+}
+
+/// Deletes one tenant's group of [`abandoned_claims`] still abandoned; how many went.
+pub async fn delete_abandoned(sql: &mut Sql<'_>, group: PurgeGroup) -> sqlx::Result<u64> {
+    delete_group(sql, PURGE_ABANDONED.as_str(), group).await
 }
 
 /// One tenant's records a worker found for a purge.
@@ -893,24 +919,19 @@ async fn purgeable_each_node(
 /// and the cut-off they were found by.
 pub type PurgeGroup = (Uuid, Vec<String>, Vec<String>, DateTime<Utc>);
 
-/// Runs `delete` (tenant, endpoints, keys, cut-off) once per tenant's group of keys.
-async fn delete_by_tenant(
+/// Runs `delete` (tenant, endpoints, keys, cut-off) on one tenant's group of keys.
+async fn delete_group(
     sql: &mut Sql<'_>,
     delete: &'static str,
-    groups: Vec<PurgeGroup>,
-) -> sqlx::Result<Purged> {
-    let mut purged = Purged::default();
-    for (tenant, endpoints, keys, cutoff) in groups {
-        purged.found += keys.len() as u64;
-        let done = sql
-            .query(delete)
-            .bind(tenant)
-            .bind(endpoints)
-            .bind(keys)
-            .bind(cutoff)
-            .execute(sql.conn())
-            .await?;
-        purged.deleted += done.rows_affected();
-    }
-    Ok(purged)
+    (tenant, endpoints, keys, cutoff): PurgeGroup,
+) -> sqlx::Result<u64> {
+    let done = sql
+        .query(delete)
+        .bind(tenant)
+        .bind(endpoints)
+        .bind(keys)
+        .bind(cutoff)
+        .execute(sql.conn())
+        .await?;
+    Ok(done.rows_affected())
 }

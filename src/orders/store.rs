@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    db::{End, Sql},
+    db::{End, Forms, Placeholders, Sql},
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
@@ -29,51 +29,59 @@ macro_rules! columns {
 /// completion of the idempotency record with the response, then the order only if the
 /// completion matched, then its `OrderCreated` event only if the order was inserted.
 /// One implicit transaction, so all three commit or none does. Each part is its
-/// owner's ([`Completion`], the order insert here, [`EventRow`]) and numbers its own
-/// parameters from where this composition puts it; the response and the event are
-/// known in full before the statement runs, since the order is.
+/// owner's ([`Completion`], the order insert here, [`EventRow`]) and takes its
+/// parameters as the composition hands them out, in the order the parts are bound;
+/// the response and the event are known in full before the statement runs, since the
+/// order is.
 pub static CREATE: LazyLock<String> = LazyLock::new(|| {
-    let order = 1 + Completion::PARAMS;
-    let event = order + ORDER_PARAMS;
+    let p = &mut Placeholders::new();
+    let completion = Completion::sql(p);
+    let insert = insert_order_sql(p, Some("completed"));
+    let event_row = EventRow::insert_sql(p, Some("created"));
     format!(
         "WITH completed AS ({completion} RETURNING 1),
      created AS ({insert} RETURNING 1)
-     {event_row}",
-        completion = Completion::sql(1),
-        insert = insert_order_sql(order, Some("completed")),
-        event_row = EventRow::insert_sql(event, Some("created")),
+     {event_row}"
     )
 });
 
 /// [`CREATE`]'s three parts as statements of their own, each routed by Citus to the
-/// tenant's worker (the fenced `UPDATE` and an `INSERT ... VALUES` each), for
-/// [`create`] to run in one transaction on a distributed database: [`CREATE`] is
-/// correct there but its `INSERT ... SELECT` from a `RETURNING` runs as steps
-/// pulled through the coordinator, with a two-phase commit on every worker.
+/// tenant's worker (the fenced `UPDATE` and an `INSERT ... VALUES` each), in the
+/// order [`create`] runs them in one transaction on a distributed database: the order,
+/// its event, the completion. [`CREATE`] is correct there but its `INSERT ... SELECT`
+/// from a `RETURNING` runs as steps pulled through the coordinator, with a two-phase
+/// commit on every worker.
 static CREATE_ROUTED: LazyLock<[String; 3]> = LazyLock::new(|| {
     [
-        Completion::sql(1),
-        insert_order_sql(1, None),
-        EventRow::insert_sql(1, None),
+        insert_order_sql(&mut Placeholders::new(), None),
+        EventRow::insert_sql(&mut Placeholders::new(), None),
+        Completion::sql(&mut Placeholders::new()),
     ]
 });
 
-/// How many parameters [`insert_order_sql`] uses.
-const ORDER_PARAMS: usize = 6;
+/// How a create writes its order, its event and its completion.
+#[derive(Clone, Copy, Debug)]
+enum CreateWrite {
+    /// [`CREATE`]: one statement.
+    OneStatement,
+    /// [`CREATE_ROUTED`]: three statements, each routed to the tenant's worker, in one
+    /// transaction.
+    RoutedSteps,
+}
+
+/// The create's two forms.
+const CREATE_WRITE: Forms<CreateWrite> = Forms {
+    one_server: CreateWrite::OneStatement,
+    distributed: CreateWrite::RoutedSteps,
+};
 
 /// The insert of a new order, once for each row of the CTE `only_if` (or once), its
-/// parameters numbered from `$first` (bound by [`bind_order`]).
-fn insert_order_sql(first: usize, only_if: Option<&str>) -> String {
-    let p = |i: usize| format!("${}", first + i);
-    let values = format!(
-        "{tenant}, {id}, {sku}, {quantity}, {customer_ref}, 'CREATED', {at}, {at}",
-        tenant = p(0),
-        id = p(1),
-        sku = p(2),
-        quantity = p(3),
-        customer_ref = p(4),
-        at = p(5),
-    );
+/// parameters taken from `p` in the order [`bind_order`] binds them.
+fn insert_order_sql(p: &mut Placeholders, only_if: Option<&str>) -> String {
+    let (tenant, id, sku) = (p.param(), p.param(), p.param());
+    let (quantity, customer_ref, at) = (p.param(), p.param(), p.param());
+    let values =
+        format!("{tenant}, {id}, {sku}, {quantity}, {customer_ref}, 'CREATED', {at}, {at}");
     let source = match only_if {
         Some(cte) => format!("SELECT {values} FROM {cte}"),
         None => format!("VALUES ({values})"),
@@ -111,9 +119,15 @@ pub async fn create(
     let tenant = fence.scope.tenant;
     let event = event(tenant, EventType::OrderCreated, order, trace);
     let row = EventRow::new(&event);
-    if sql.distributed() {
-        let completion = Completion::new(fence, response)?;
-        let [complete, insert, append] = &*CREATE_ROUTED;
+    let completion = Completion::new(fence, response)?;
+    let done = match sql.layout().pick(&CREATE_WRITE) {
+        CreateWrite::OneStatement => {
+            let query = completion.bind(sql.query(CREATE.as_str()));
+            row.bind(bind_order(query, tenant, order))
+                .execute(sql.conn())
+                .await?
+                .rows_affected()
+        }
         // The order and its event first, the fenced completion last, undone when the
         // fence no longer holds. In this order the transaction locks nothing of the
         // record until its last statement, as the one statement does: a create that
@@ -122,8 +136,9 @@ pub async fn create(
         // and winning over the request that took the key over. And from its first
         // statement on it is a distributed transaction that an erasure waits for, so
         // the erasure mark the completion reads is one set before it or never seen.
-        return sql
-            .atomically(async |c| {
+        CreateWrite::RoutedSteps => {
+            let [insert, append, complete] = &*CREATE_ROUTED;
+            sql.atomically(async |c| {
                 bind_order(c.query(insert.as_str()), tenant, order)
                     .execute(c.conn())
                     .await?;
@@ -131,22 +146,18 @@ pub async fn create(
                 let done = completion
                     .bind(c.query(complete.as_str()))
                     .execute(c.conn())
-                    .await?;
-                Ok(if done.rows_affected() == 1 {
-                    End::Commit(true)
+                    .await?
+                    .rows_affected();
+                Ok(if done == 1 {
+                    End::Commit(done)
                 } else {
-                    End::RollBack(false)
+                    End::RollBack(done)
                 })
             })
-            .await;
-    }
-    let query = sql.query(CREATE.as_str());
-    let query = Completion::new(fence, response)?.bind(query);
-    let done = row
-        .bind(bind_order(query, tenant, order))
-        .execute(sql.conn())
-        .await?;
-    Ok(done.rows_affected() == 1)
+            .await?
+        }
+    };
+    Ok(done == 1)
 }
 
 /// Cancels the order; a second cancel returns it unchanged and emits nothing.
@@ -316,6 +327,16 @@ pub const ERASE_TENANT_BATCH: &str = "DELETE FROM orders
 /// How many orders of tenant `$1` are left.
 pub const COUNT_TENANT: &str = "SELECT count(*) FROM orders WHERE tenant_id = $1";
 
+/// Deletes up to `batch` of `tenant`'s rows (see [`ERASE_TENANT_BATCH`]); how many went.
+pub async fn erase_tenant_batch(sql: &mut Sql<'_>, tenant: Uuid, batch: i64) -> sqlx::Result<u64> {
+    sql.tenant_batch(ERASE_TENANT_BATCH, tenant, batch).await
+}
+
+/// How many rows of `tenant` are left (see [`COUNT_TENANT`]).
+pub async fn count_tenant(sql: &mut Sql<'_>, tenant: Uuid) -> sqlx::Result<i64> {
+    sql.tenant_count(COUNT_TENANT, tenant).await
+}
+
 #[cfg(test)]
 mod tests {
     use sqlx::{Arguments, Execute};
@@ -337,33 +358,29 @@ mod tests {
         found
     }
 
-    /// Each part of the create numbers its parameters from where the composition puts
-    /// it, and binds exactly as many as it numbers: a column added to one part without
+    /// Each part of the create takes its parameters as the composition hands them
+    /// out, and binds exactly as many as it takes: a column added to one part without
     /// its bind (or the other way round) fails here, not on a server.
     #[test]
     fn every_part_of_the_create_binds_the_parameters_it_numbers() {
-        let mut parts = [
-            (1, Completion::PARAMS, Completion::sql(1)),
-            (
-                1 + Completion::PARAMS,
-                ORDER_PARAMS,
-                insert_order_sql(1 + Completion::PARAMS, Some("completed")),
-            ),
-            (
-                1 + Completion::PARAMS + ORDER_PARAMS,
-                EventRow::PARAMS,
-                EventRow::insert_sql(1 + Completion::PARAMS + ORDER_PARAMS, Some("created")),
-            ),
-        ];
-        for (first, count, sql) in &mut parts {
-            let mut numbers = placeholders(sql);
+        let p = &mut Placeholders::new();
+        let mut counts = Vec::new();
+        for part in [
+            Completion::sql(p),
+            insert_order_sql(p, Some("completed")),
+            EventRow::insert_sql(p, Some("created")),
+        ] {
+            let before: usize = counts.iter().sum();
+            let mut numbers = placeholders(&part);
             numbers.sort();
             assert_eq!(
                 numbers,
-                (*first..*first + *count).collect::<Vec<_>>(),
-                "{sql}"
+                (before + 1..=before + numbers.len()).collect::<Vec<_>>(),
+                "{part}"
             );
+            counts.push(numbers.len());
         }
+        assert_eq!(counts.iter().sum::<usize>(), p.taken());
 
         let tenant = TenantId(uuid::Uuid::now_v7());
         let scope = Scope {
@@ -398,6 +415,6 @@ mod tests {
         ));
         let bound = query.take_arguments().unwrap().unwrap().len();
         assert_eq!(bound, placeholders(&CREATE).len());
-        assert_eq!(bound, Completion::PARAMS + ORDER_PARAMS + EventRow::PARAMS);
+        assert_eq!(bound, p.taken());
     }
 }

@@ -7,6 +7,7 @@
 //! records what happened.
 
 pub mod backoff;
+pub mod due;
 pub mod event;
 pub mod gauges;
 pub mod known;

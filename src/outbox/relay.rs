@@ -22,16 +22,16 @@ use uuid::Uuid;
 use super::settings::OutboxConfig;
 use super::{
     backoff::Backoff,
+    due::DueTenants,
     event::TypeLabel,
-    known::KnownTenants,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
-    statistics,
     store::{self, Failure, PendingEvent},
-    wake,
 };
 use crate::{
-    db::{self, Db, Heard, ListenOn, Sql},
-    metrics, telemetry,
+    db::{self, Db, Forms, ListenOn, Sql},
+    metrics,
+    supervisor::Supervisor,
+    telemetry,
     trace_context::TraceContext,
 };
 
@@ -75,13 +75,8 @@ pub struct Relay {
     listen: bool,
     /// Consecutive rounds whose calls all failed as a whole: the relay's own backoff.
     failed_rounds: AtomicU32,
-    /// The last tenant the previous round visited: the next round's walk goes on from
-    /// there (`store::PENDING_TENANTS`). Held while a round reads its tenants, so that
-    /// the relay's lanes take turns along the tenants instead of each walking the same.
-    cursor: tokio::sync::Mutex<Uuid>,
-    /// On a distributed database, the tenants with pending events as this relay heard
-    /// of them, in place of the walk (see `known`).
-    known: Arc<KnownTenants>,
+    /// Where a round finds the tenants with due events (one strategy per layout).
+    tenants: DueTenants,
 }
 
 impl Relay {
@@ -97,7 +92,6 @@ impl Relay {
             max: config.backoff_max,
         };
         Self {
-            db,
             listen_on: listen_on.into(),
             publisher,
             config,
@@ -105,8 +99,8 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             listen: true,
             failed_rounds: AtomicU32::new(0),
-            cursor: tokio::sync::Mutex::new(Uuid::nil()),
-            known: Arc::new(KnownTenants::default()),
+            tenants: DueTenants::for_layout(db.layout()),
+            db,
         }
     }
 
@@ -122,66 +116,63 @@ impl Relay {
     ///
     /// When calls to the bus fail as a whole, the relay backs off as a whole, exponentially
     /// per consecutive failed round, and the events wait without being charged.
+    ///
+    /// Its parts run as jobs of a supervisor of its own, which ends with it: the
+    /// listening session, the publisher's watch, and the tenant strategy's side job
+    /// (the statistics check on one server, the look at the table on distributed ones).
     pub async fn run(self, shutdown: CancellationToken) {
-        let listener = self.listen.then(|| {
-            tokio::spawn(listen(
-                self.listen_on.clone(),
-                self.wake.clone(),
-                self.known.clone(),
-                shutdown.clone(),
-            ))
-        });
-        let watch = self
-            .publisher
-            .clone()
-            .watch(shutdown.clone())
-            .map(tokio::spawn);
-        let looks = self.db.distributed().then(|| {
-            tokio::spawn(look(
-                self.db.clone(),
-                self.known.clone(),
-                self.wake.clone(),
-                self.config.poll,
-                shutdown.clone(),
-            ))
-        });
-        // Once before the first round (a backlog laid down while no relay ran would
-        // otherwise meet stale plans first), then beside the lanes, not in them: a
-        // lane that waited for it would start its next round in step with the other
-        // lane's.
-        // On a distributed database the coordinator's table holds no rows (its
-        // statistics never change) and each worker's autovacuum analyses its shards, so
-        // there is nothing for the relay to keep current.
-        let analyze = self.config.analyze && !self.db.distributed();
-        if analyze {
-            statistics::check(&self.db).await;
+        let relay = Arc::new(self);
+        let parts = Supervisor::under(&shutdown);
+        if relay.listen {
+            let listening = relay.clone();
+            parts.spawn("outbox listener", move |token| async move {
+                listening.listen(token).await
+            });
         }
-        let statistics = analyze
-            .then(|| tokio::spawn(statistics::keep_current(self.db.clone(), shutdown.clone())));
+        if let Some(watch) = relay.publisher.clone().watch(parts.token()) {
+            parts.spawn("publisher watch", |_| watch);
+        }
+        relay
+            .tenants
+            .start_side_job(
+                &parts,
+                &relay.db,
+                relay.config.analyze,
+                &relay.wake,
+                relay.config.poll,
+            )
+            .await;
         tracing::info!(
-            batch = self.config.batch_size,
-            parallel_rounds = self.config.parallel_rounds,
-            listen = self.listen,
+            batch = relay.config.batch_size,
+            parallel_rounds = relay.config.parallel_rounds,
+            listen = relay.listen,
+            layout = relay.db.layout().name(),
             "outbox relay started"
         );
         futures::future::join_all(
-            (0..self.config.parallel_rounds.max(1)).map(|_| self.lane(&shutdown)),
+            (0..relay.config.parallel_rounds.max(1)).map(|_| relay.lane(&shutdown)),
         )
         .await;
-        // They watch the same token, so they are ending too.
-        if let Some(listener) = listener {
-            let _ = listener.await;
-        }
-        if let Some(watch) = watch {
-            let _ = watch.await;
-        }
-        if let Some(looks) = looks {
-            let _ = looks.await;
-        }
-        if let Some(statistics) = statistics {
-            let _ = statistics.await;
-        }
+        parts.shutdown().await;
         tracing::info!("outbox relay stopped");
+    }
+
+    /// Turns notifications on [`CHANNEL`] into wake-ups, and tells the tenant strategy
+    /// what was heard; a session lost or regained wakes the relay too, since
+    /// notifications in between may be lost.
+    async fn listen(&self, shutdown: CancellationToken) {
+        let liveness = self.listen_on.liveness();
+        crate::db::listen(
+            self.listen_on.clone(),
+            CHANNEL,
+            liveness,
+            |heard| {
+                self.tenants.heard(&heard);
+                self.wake.notify_one();
+            },
+            shutdown,
+        )
+        .await
     }
 
     /// One sequence of rounds. Several run side by side (`parallel_rounds`), so that
@@ -256,18 +247,13 @@ impl Relay {
         let claimed = self
             .db
             .run(async |c| {
-                let (start, visit) = self.round_start(c).await?;
-                let more_tenants = start.tenants.len() >= store::FAIR_TENANTS_PER_CLAIM as usize;
+                let start = self.tenants.start(c).await?;
+                let round = &start.round;
+                let more_tenants = round.tenants.len() >= store::FAIR_TENANTS_PER_CLAIM as usize;
                 let (claimed, had_nothing) =
-                    claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
-                if let Some(visit) = visit {
-                    for (tenant, generation) in visit.tenants {
-                        if had_nothing.contains(&tenant) {
-                            self.known.had_nothing(tenant, generation);
-                        }
-                    }
-                }
-                Ok::<_, sqlx::Error>((start.now, claimed, more_tenants))
+                    claim_fairly(c, round, batch_size, lease_ms, claim).await?;
+                self.tenants.claimed(&start, &had_nothing);
+                Ok::<_, sqlx::Error>((round.now, claimed, more_tenants))
             })
             .await;
         metrics::claim_duration(claiming.elapsed().as_secs_f64());
@@ -391,38 +377,6 @@ impl Relay {
         Ok(round)
     }
 
-    /// Which tenants a round visits, and the database's time it judges by: the walk
-    /// over the pending index from where the last round stopped, or, on a distributed
-    /// database, the known tenants from there (with the generations the round saw).
-    async fn round_start(
-        &self,
-        c: &mut Sql<'_>,
-    ) -> sqlx::Result<(store::RoundStart, Option<crate::outbox::known::Visit>)> {
-        let per_round = store::FAIR_TENANTS_PER_CLAIM;
-        if !c.distributed() {
-            let mut cursor = self.cursor.lock().await;
-            let start = store::pending_tenants(c, *cursor, per_round).await?;
-            if let Some(last) = start.tenants.last() {
-                *cursor = *last;
-            }
-            return Ok((start, None));
-        }
-        let mut visit = self.known.visit(per_round as usize);
-        let unreachable = self.known.unreachable();
-        if !unreachable.is_empty() && !visit.tenants.is_empty() {
-            // Their claims would wait on a worker that does not answer.
-            let tenants: Vec<Uuid> = visit.tenants.iter().map(|(tenant, _)| *tenant).collect();
-            let reachable =
-                db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await?;
-            visit
-                .tenants
-                .retain(|(tenant, _)| reachable.contains(tenant));
-        }
-        let now = store::round_time(c).await?;
-        let tenants = visit.tenants.iter().map(|(tenant, _)| *tenant).collect();
-        Ok((store::RoundStart { now, tenants }, Some(visit)))
-    }
-
     /// Rows that cannot be read go DEAD alone, counted and logged, so that the rest of
     /// their batch is published.
     async fn set_aside(&self, rows: &[store::Unreadable], claim: Uuid) -> sqlx::Result<()> {
@@ -515,6 +469,22 @@ async fn claim_fairly(
     Ok((claimed, had_nothing))
 }
 
+/// How one tenant's part of a round's claim stands to the others'.
+#[derive(Clone, Copy, Debug)]
+enum TenantClaim {
+    /// Statements of the round: a failure is the database's, and fails the round.
+    InTheRound,
+    /// A transaction (or savepoint) of its own: a failure is its worker's, and leaves
+    /// only this tenant out of the round.
+    OnItsOwn,
+}
+
+/// The two forms of a tenant's part of a claim.
+const TENANT_CLAIMS: Forms<TenantClaim> = Forms {
+    one_server: TenantClaim::InTheRound,
+    distributed: TenantClaim::OnItsOwn,
+};
+
 /// One tenant's claim of up to `limit` events and, with `park`, when it came back short,
 /// the park of what must wait (rows that must wait may stand in front of due ones).
 ///
@@ -541,18 +511,18 @@ async fn claim_one(
         };
         Ok::<_, sqlx::Error>((got, parked))
     };
-    if !sql.distributed() {
-        return work(sql).await.map(Some);
-    }
-    match sql
-        .atomically(async |sql| work(sql).await.map(db::End::Commit))
-        .await
-    {
-        Ok(done) => Ok(Some(done)),
-        Err(e) => {
-            tracing::warn!(tenant = %tenant, error = %e, "cannot claim a tenant's events; the round goes on without them");
-            Ok(None)
-        }
+    match sql.layout().pick(&TENANT_CLAIMS) {
+        TenantClaim::InTheRound => work(sql).await.map(Some),
+        TenantClaim::OnItsOwn => match sql
+            .atomically(async |sql| work(sql).await.map(db::End::Commit))
+            .await
+        {
+            Ok(done) => Ok(Some(done)),
+            Err(e) => {
+                tracing::warn!(tenant = %tenant, error = %e, "cannot claim a tenant's events; the round goes on without them");
+                Ok(None)
+            }
+        },
     }
 }
 
@@ -614,48 +584,6 @@ pub fn claim_lease(publish_timeout: Duration) -> Duration {
     publish_timeout * 3 / 2 + Duration::from_secs(1)
 }
 
-/// On a distributed database, looks at the table for tenants with due events (see
-/// `known`): first thing, at every poll, and whenever the listening session was lost
-/// or regained. In a task of its own, beside the lanes: a look reads every due row and
-/// waits up to [`db::NODE_CONNECT_TIMEOUT`] for a worker that does not answer, and a
-/// lane that looked would hold every tenant's events back meanwhile. What it finds
-/// wakes the lanes; the workers it could not read are left alone by the rounds until
-/// a look reads them again.
-async fn look(
-    db: Db,
-    known: Arc<KnownTenants>,
-    wake: Arc<Notify>,
-    poll: Duration,
-    shutdown: CancellationToken,
-) {
-    while !shutdown.is_cancelled() {
-        if known.take_look(poll) {
-            match db.run(async |c| store::due_tenants(c).await).await {
-                Ok(found) => {
-                    known.name(found.start.tenants);
-                    known.set_unreachable(found.unreachable);
-                    wake.notify_one();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot look for tenants with due events; looking again after the poll interval");
-                    known.look_again();
-                    // Not at once: the database is failing.
-                    tokio::select! {
-                        _ = tokio::time::sleep(poll) => {}
-                        _ = shutdown.cancelled() => {}
-                    }
-                    continue;
-                }
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(poll) => {}
-            _ = known.look_asked() => {}
-            _ = shutdown.cancelled() => {}
-        }
-    }
-}
-
 /// Whether a round whose claim began `since_claim` ago may still start publishing: only
 /// if a publish of `publish_timeout` ends within the claim's lease. After the lease no
 /// relay starts a publish of what it claimed: the rows may have been claimed again, or
@@ -664,33 +592,6 @@ async fn look(
 /// relay stalled).
 fn may_still_publish(since_claim: Duration, publish_timeout: Duration) -> bool {
     since_claim + publish_timeout < claim_lease(publish_timeout)
-}
-
-/// Turns notifications on [`CHANNEL`] into wake-ups, learning the tenants they name
-/// (the writers' notifications on a distributed database); a connection lost or
-/// regained wakes the relay too and has it look at the table, since notifications in
-/// between may be lost.
-async fn listen(
-    listen_on: ListenOn,
-    wake: Arc<Notify>,
-    known: Arc<KnownTenants>,
-    shutdown: CancellationToken,
-) {
-    let liveness = listen_on.liveness();
-    crate::db::listen(
-        listen_on,
-        CHANNEL,
-        liveness,
-        |heard| {
-            match heard {
-                Heard::Notified(payload) => known.name(wake::tenants_of(payload)),
-                Heard::Listening | Heard::Lost => known.look_again(),
-            }
-            wake.notify_one();
-        },
-        shutdown,
-    )
-    .await
 }
 
 #[cfg(test)]

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::Db;
+use crate::{
+    db::Db,
+    supervisor::{Every, First, Run, Schedule},
+};
 
 /// Whether `outbox_event` changed by more than half of its rows (as the last `ANALYZE`
 /// counted them) plus 10,000 since it was last analysed, or grew to more than twice
@@ -51,16 +54,28 @@ pub const ANALYZE: &str = "ANALYZE (SKIP_LOCKED) outbox_event";
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// The relay's statistics job, after the check the relay made before its first round:
-/// every [`CHECK_EVERY`] until `shutdown`. It runs beside the lanes rather than in
-/// them: a lane that waited for it would start its next round in step with the other
-/// lane's, and their batches then went out together.
+/// every [`CHECK_EVERY`] until `shutdown`, on the supervisor's schedule (each check
+/// counted in `background_job_runs_total{job="outbox statistics"}`). It runs beside the
+/// lanes rather than in them: a lane that waited for it would start its next round in
+/// step with the other lane's, and their batches then went out together.
 pub async fn keep_current(db: Db, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(CHECK_EVERY) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        check(&db).await;
+    let every = Every {
+        interval: CHECK_EVERY,
+        first: First::AfterInterval,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("outbox statistics", every, shutdown);
+    while schedule.next().await {
+        let checked = schedule.unless_shutdown(analyze_if_stale(&db)).await;
+        let Some(checked) = checked else { return };
+        // Stale statistics make rounds slow, never wrong: a failure is counted and
+        // logged, and the relay goes on.
+        schedule.ran(match checked {
+            Ok(_) => Run::Done,
+            Err(e) => Run::Failed(format!(
+                "could not bring the outbox's planner statistics up to date: {e}"
+            )),
+        });
     }
 }
 

@@ -6,13 +6,11 @@
 //! lets the row fall due again (at-least-once), and no connection sits idle in a
 //! transaction while the bus answers.
 
-use std::sync::LazyLock;
-
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
-use crate::db::{self, Purged, Sql};
+use crate::db::{self, Forms, Scan, Sql};
 
 /// A claimed event, ready to publish: one row of [`CLAIM_TENANT`], read as it is.
 #[derive(Debug, Clone, FromRow)]
@@ -67,6 +65,57 @@ impl Claimed {
 /// Longest `event_type` forwarded; also what SNS and Kafka take as an attribute or a
 /// header without complaint.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
+
+/// The claim's text with its tenant condition `$tenant` (see [`CLAIM_TENANT`] and
+/// [`CLAIM_TENANT_DISTRIBUTED`], whose forms differ only there).
+macro_rules! claim_tenant {
+    ($tenant:literal) => {
+        concat!("WITH candidates AS (
+         SELECT w.event_id
+         FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
+               FROM outbox_event e
+               WHERE ", $tenant, " AND e.status = 'PENDING'
+                 AND e.next_attempt_at <= $2
+               ORDER BY e.tenant_id, e.next_attempt_at
+               LIMIT $6
+               FOR UPDATE OF e SKIP LOCKED) w
+         WHERE NOT EXISTS (
+             SELECT 1 FROM outbox_event earlier
+             WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = w.aggregate_id
+               AND earlier.aggregate_seq < w.aggregate_seq AND earlier.status <> 'PUBLISHED')
+         LIMIT $3)
+     UPDATE outbox_event o
+     SET next_attempt_at = $2 + $4 * interval '1 millisecond', claimed_by = $5
+     FROM candidates c, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE o.tenant_id = $1 AND o.event_id = c.event_id
+     RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
+               o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
+               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs, o.occurred_at")
+    };
+}
+
+/// The park's text with its tenant condition `$tenant` (see [`PARK_TENANT`]).
+macro_rules! park_tenant {
+    ($tenant:literal) => {
+        concat!("WITH scan AS (
+         SELECT e.event_id,
+                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN '-infinity'::timestamptz
+                             ELSE max(earlier.next_attempt_at) END
+                 FROM outbox_event earlier
+                 WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
+                   AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
+         FROM outbox_event e
+         WHERE ", $tenant, " AND e.status = 'PENDING'
+           AND e.next_attempt_at <= $2
+         ORDER BY e.tenant_id, e.next_attempt_at
+         LIMIT $4
+         FOR UPDATE OF e SKIP LOCKED)
+     UPDATE outbox_event o
+     SET next_attempt_at = greatest(s.waits_until, $2 + $3 * interval '1 millisecond')
+     FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE o.tenant_id = $1 AND o.event_id = s.event_id AND s.waits_until IS NOT NULL")
+    };
+}
 
 /// The tenants that have PENDING events, at most `$2` of them, in tenant-id order from
 /// just after `$1` (where the relay's previous round stopped) around to the lowest and
@@ -130,27 +179,7 @@ pub const PENDING_TENANTS: &str = "WITH RECURSIVE tenants(tenant_id, n, first) A
 /// The claim commits asynchronously (no wait for the WAL flush): it is only a lease. If
 /// the database crashes before flushing it, the rows are simply claimable again and
 /// published once more, the duplicate a relay crash causes anyway.
-pub const CLAIM_TENANT: &str = "WITH candidates AS (
-         SELECT w.event_id
-         FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
-               FROM outbox_event e
-               WHERE e.tenant_id >= $1 AND e.tenant_id <= $1 AND e.status = 'PENDING'
-                 AND e.next_attempt_at <= $2
-               ORDER BY e.tenant_id, e.next_attempt_at
-               LIMIT $6
-               FOR UPDATE OF e SKIP LOCKED) w
-         WHERE NOT EXISTS (
-             SELECT 1 FROM outbox_event earlier
-             WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = w.aggregate_id
-               AND earlier.aggregate_seq < w.aggregate_seq AND earlier.status <> 'PUBLISHED')
-         LIMIT $3)
-     UPDATE outbox_event o
-     SET next_attempt_at = $2 + $4 * interval '1 millisecond', claimed_by = $5
-     FROM candidates c, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = $1 AND o.event_id = c.event_id
-     RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
-               o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
-               extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs, o.occurred_at";
+pub const CLAIM_TENANT: &str = claim_tenant!("e.tenant_id >= $1 AND e.tenant_id <= $1");
 
 /// Parks up to `$4` due events of tenant `$1` that have to wait for an earlier event of
 /// their order (see [`CLAIM_TENANT`]): until the latest `next_attempt_at` of the events
@@ -164,23 +193,7 @@ pub const CLAIM_TENANT: &str = "WITH candidates AS (
 /// looks at the row before the park commits) cannot bring back a row parked after it.
 /// Parked for a lease, such a row is looked at again a lease later at most; rows behind
 /// a DEAD event cost a claim and a park per lease until the re-drive.
-pub const PARK_TENANT: &str = "WITH scan AS (
-         SELECT e.event_id,
-                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN '-infinity'::timestamptz
-                             ELSE max(earlier.next_attempt_at) END
-                 FROM outbox_event earlier
-                 WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
-                   AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
-         FROM outbox_event e
-         WHERE e.tenant_id >= $1 AND e.tenant_id <= $1 AND e.status = 'PENDING'
-           AND e.next_attempt_at <= $2
-         ORDER BY e.tenant_id, e.next_attempt_at
-         LIMIT $4
-         FOR UPDATE OF e SKIP LOCKED)
-     UPDATE outbox_event o
-     SET next_attempt_at = greatest(s.waits_until, $2 + $3 * interval '1 millisecond')
-     FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = $1 AND o.event_id = s.event_id AND s.waits_until IS NOT NULL";
+pub const PARK_TENANT: &str = park_tenant!("e.tenant_id >= $1 AND e.tenant_id <= $1");
 
 /// [`CLAIM_TENANT`] on a distributed database: the tenant as an equality, which is
 /// what routes a statement to the tenant's shard (Citus runs `FOR UPDATE` only on one
@@ -188,22 +201,22 @@ pub const PARK_TENANT: &str = "WITH scan AS (
 /// one server, on `next_attempt_at` alone, does not exist on a distributed outbox (the
 /// migration that distributes drops it), so the shard's planner has no other way in
 /// than the tenant's range of `outbox_event_pending_by_tenant`.
-pub static CLAIM_TENANT_DISTRIBUTED: LazyLock<String> =
-    LazyLock::new(|| tenant_as_equality(CLAIM_TENANT));
+pub const CLAIM_TENANT_DISTRIBUTED: &str = claim_tenant!("e.tenant_id = $1");
 
 /// [`PARK_TENANT`] on a distributed database (see [`CLAIM_TENANT_DISTRIBUTED`]).
-pub static PARK_TENANT_DISTRIBUTED: LazyLock<String> =
-    LazyLock::new(|| tenant_as_equality(PARK_TENANT));
+pub const PARK_TENANT_DISTRIBUTED: &str = park_tenant!("e.tenant_id = $1");
 
-/// `statement` with its tenant range (`>= $1 AND <= $1`) written as `= $1`.
-fn tenant_as_equality(statement: &str) -> String {
-    const RANGE: &str = "e.tenant_id >= $1 AND e.tenant_id <= $1";
-    assert!(
-        statement.contains(RANGE),
-        "the claim names its tenant as a range"
-    );
-    statement.replace(RANGE, "e.tenant_id = $1")
-}
+/// The claim's two forms.
+const CLAIM: Forms<&str> = Forms {
+    one_server: CLAIM_TENANT,
+    distributed: CLAIM_TENANT_DISTRIBUTED,
+};
+
+/// The park's two forms.
+const PARK: Forms<&str> = Forms {
+    one_server: PARK_TENANT,
+    distributed: PARK_TENANT_DISTRIBUTED,
+};
 
 /// On a distributed database, the tenants with events due by `at` (the coordinator's
 /// time, a literal: the command runs on a worker) on one worker's shards `outbox`: what
@@ -413,11 +426,7 @@ pub async fn claim_tenant(
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claimed> {
-    let statement = if sql.distributed() {
-        CLAIM_TENANT_DISTRIBUTED.as_str()
-    } else {
-        CLAIM_TENANT
-    };
+    let statement = sql.layout().pick(&CLAIM);
     let rows: Vec<PgRow> = sql
         .query(statement)
         .bind(tenant)
@@ -445,11 +454,7 @@ pub async fn park_tenant(
     now: DateTime<Utc>,
     lease_ms: i64,
 ) -> sqlx::Result<u64> {
-    let statement = if sql.distributed() {
-        PARK_TENANT_DISTRIBUTED.as_str()
-    } else {
-        PARK_TENANT
-    };
+    let statement = sql.layout().pick(&PARK);
     let done = sql
         .query(statement)
         .bind(tenant)
@@ -636,7 +641,7 @@ struct NodeStats {
 }
 
 pub async fn stats(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
-    if sql.distributed() {
+    if let Scan::EachNode = sql.layout().pick(&db::WHOLE_TABLE_READS) {
         return stats_each_node(sql).await;
     }
     let (pending, oldest, dead): (i64, Option<f64>, i64) =
@@ -709,45 +714,55 @@ struct NodePurgeable {
     events: Vec<Uuid>,
 }
 
-/// Deletes up to `batch` of the oldest events published more than `retention_secs`
-/// ago, one statement per tenant; returns how many it found and how many went. On a
-/// distributed database the candidates are read worker by worker: a worker that does
-/// not answer keeps its rows until a later pass, and the others are purged.
-pub async fn purge_published(
+/// One tenant's published events a purge found, and the cut-off they were found by.
+pub type PublishedGroup = (Uuid, Vec<Uuid>, DateTime<Utc>);
+
+/// Up to `batch` of the oldest events published more than `retention_secs` ago,
+/// grouped by tenant (a read that locks nothing; [`delete_published`] then deletes each
+/// group). On a distributed database they are read worker by worker: a worker that
+/// does not answer keeps its rows until a later pass, and the others are purged.
+pub async fn purgeable_published(
     sql: &mut Sql<'_>,
     retention_secs: i64,
     batch: i64,
-) -> sqlx::Result<Purged> {
-    let groups: Vec<(Uuid, Vec<Uuid>, DateTime<Utc>)> = if sql.distributed() {
-        let cut = db::seconds_ago(sql, retention_secs).await?;
-        let read = db::read_each_node(sql, "outbox_event", |outbox| {
-            node_purgeable_published(outbox, cut, batch)
-        })
-        .await?;
-        read.rows
-            .into_iter()
-            .map(|r: NodePurgeable| (r.tenant_id, r.events, cut))
-            .collect()
-    } else {
-        sql.query_as(PURGEABLE_PUBLISHED)
-            .bind(retention_secs)
-            .bind(batch)
-            .fetch_all(sql.conn())
-            .await?
-    };
-    let mut purged = Purged::default();
-    for (tenant, events, cutoff) in groups {
-        purged.found += events.len() as u64;
-        let done = sql
-            .query(PURGE_PUBLISHED)
-            .bind(tenant)
-            .bind(events)
-            .bind(cutoff)
-            .execute(sql.conn())
+) -> sqlx::Result<Vec<PublishedGroup>> {
+    match sql.layout().pick(&db::WHOLE_TABLE_READS) {
+        Scan::OneStatement => {
+            sql.query_as(PURGEABLE_PUBLISHED)
+                .bind(retention_secs)
+                .bind(batch)
+                .fetch_all(sql.conn())
+                .await
+        }
+        Scan::EachNode => {
+            let cut = db::seconds_ago(sql, retention_secs).await?;
+            let read = db::read_each_node(sql, "outbox_event", |outbox| {
+                node_purgeable_published(outbox, cut, batch)
+            })
             .await?;
-        purged.deleted += done.rows_affected();
+            Ok(read
+                .rows
+                .into_iter()
+                .map(|r: NodePurgeable| (r.tenant_id, r.events, cut))
+                .collect())
+        }
     }
-    Ok(purged)
+}
+
+/// Deletes one tenant's group of [`purgeable_published`] still published before its
+/// cut-off; how many went.
+pub async fn delete_published(
+    sql: &mut Sql<'_>,
+    (tenant, events, cutoff): PublishedGroup,
+) -> sqlx::Result<u64> {
+    let done = sql
+        .query(PURGE_PUBLISHED)
+        .bind(tenant)
+        .bind(events)
+        .bind(cutoff)
+        .execute(sql.conn())
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// Up to `$2` events of tenant `$1`, whatever their state, by primary key: how many,
@@ -766,3 +781,24 @@ pub const ERASE_TENANT_BATCH: &str = "WITH gone AS (
 
 /// How many events of tenant `$1` are left.
 pub const COUNT_TENANT: &str = "SELECT count(*) FROM outbox_event WHERE tenant_id = $1";
+
+/// Deletes up to `batch` of `tenant`'s events (see [`ERASE_TENANT_BATCH`]): how many
+/// went, and until when a relay may still be publishing one of them.
+pub async fn erase_tenant_batch(
+    sql: &mut Sql<'_>,
+    tenant: Uuid,
+    batch: i64,
+    lease_ms: i64,
+) -> sqlx::Result<(i64, Option<DateTime<Utc>>)> {
+    sql.query_as(ERASE_TENANT_BATCH)
+        .bind(tenant)
+        .bind(batch)
+        .bind(lease_ms)
+        .fetch_one(sql.conn())
+        .await
+}
+
+/// How many events of `tenant` are left (see [`COUNT_TENANT`]).
+pub async fn count_tenant(sql: &mut Sql<'_>, tenant: Uuid) -> sqlx::Result<i64> {
+    sql.tenant_count(COUNT_TENANT, tenant).await
+}

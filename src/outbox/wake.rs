@@ -24,7 +24,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::{db::Db, tenant::TenantId};
+use crate::{
+    db::{Db, Forms, Layout},
+    tenant::TenantId,
+};
 
 /// The channel the relays listen on: the `outbox_event` insert trigger signals it with
 /// an empty payload (on one server), the writers with their tenants (here).
@@ -50,7 +53,18 @@ const TENANTS_PER_NOTIFICATION: usize = 200;
 /// Sends one notification: channel `$1`, payload `$2`.
 const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
+/// The waker of each layout: the writers wake the relays only where no trigger does.
+const WAKERS: Forms<fn() -> Waker> = Forms {
+    one_server: Waker::off,
+    distributed: Waker::on,
+};
+
 impl Waker {
+    /// The waker for tables laid out as `layout`.
+    pub fn for_layout(layout: Layout) -> Self {
+        (layout.pick(&WAKERS))()
+    }
+
     /// A waker that does nothing: the database's trigger wakes the relays.
     pub fn off() -> Self {
         Self::default()

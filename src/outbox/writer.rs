@@ -12,11 +12,25 @@ use uuid::Uuid;
 
 use super::event::NewEvent;
 
-use crate::db::Sql;
+use crate::db::{Placeholders, Sql};
 
-/// One event row, as a part of a statement: its `INSERT` numbers its own parameters
-/// from wherever the composing statement puts it, and [`EventRow::bind`] binds them in
-/// that order.
+/// The columns an event row binds, in [`EventRow::bind`]'s order (`next_attempt_at`
+/// is the statement's time).
+const COLUMNS: [&str; 9] = [
+    "tenant_id",
+    "event_id",
+    "aggregate_id",
+    "aggregate_seq",
+    "event_type",
+    "payload",
+    "occurred_at",
+    "trace_parent",
+    "trace_state",
+];
+
+/// One event row, as a part of a statement: its `INSERT` takes its parameters as the
+/// composing statement hands them out, and [`EventRow::bind`] binds them in that
+/// order.
 #[derive(Debug, Clone, Copy)]
 pub struct EventRow<'a> {
     pub event: &'a NewEvent,
@@ -24,9 +38,6 @@ pub struct EventRow<'a> {
 }
 
 impl<'a> EventRow<'a> {
-    /// How many parameters [`EventRow::insert_sql`] uses.
-    pub const PARAMS: usize = 9;
-
     /// The row of `event`, with a fresh `event_id`.
     pub fn new(event: &'a NewEvent) -> Self {
         Self {
@@ -35,23 +46,19 @@ impl<'a> EventRow<'a> {
         }
     }
 
-    /// The `INSERT`, its parameters numbered from `$first`. With `only_if`, the row is
-    /// inserted once for each row of that CTE (one, or none when the change it
-    /// belongs to was not made); without, it is inserted as it is.
-    pub fn insert_sql(first: usize, only_if: Option<&str>) -> String {
-        let values = (first..first + Self::PARAMS)
-            .map(|i| format!("${i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+    /// The `INSERT`, its parameters taken from `p` in the order [`EventRow::bind`]
+    /// binds them (the columns' order). With `only_if`, the row is inserted once for
+    /// each row of that CTE (one, or none when the change it belongs to was not made);
+    /// without, it is inserted as it is.
+    pub fn insert_sql(p: &mut Placeholders, only_if: Option<&str>) -> String {
+        let values = COLUMNS.map(|_| p.param()).join(", ");
         let source = match only_if {
             Some(cte) => format!("SELECT {values}, statement_timestamp() FROM {cte}"),
             None => format!("VALUES ({values}, statement_timestamp())"),
         };
         format!(
-            "INSERT INTO outbox_event
-       (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
-        trace_parent, trace_state, next_attempt_at)
-     {source}"
+            "INSERT INTO outbox_event ({}, next_attempt_at)\n     {source}",
+            COLUMNS.join(", ")
         )
     }
 
@@ -76,7 +83,8 @@ impl<'a> EventRow<'a> {
 }
 
 /// One event alone, in the caller's transaction.
-pub static APPEND: LazyLock<String> = LazyLock::new(|| EventRow::insert_sql(1, None));
+pub static APPEND: LazyLock<String> =
+    LazyLock::new(|| EventRow::insert_sql(&mut Placeholders::new(), None));
 
 /// Writes one event; returns its `event_id`.
 pub async fn append(sql: &mut Sql<'_>, event: &NewEvent) -> sqlx::Result<Uuid> {

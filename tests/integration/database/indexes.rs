@@ -66,6 +66,11 @@ async fn seeded() -> TestDb {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_replay_purge_and_list_statements_use_their_indexes() {
+    if crate::support::one_server_only(
+        "EXPLAIN of one server's plans; on Citus each shard is planned on its worker (database::citus checks the routing)",
+    ) {
+        return;
+    }
     let db = seeded().await;
     let endpoint = Endpoint::CreateOrder.as_str();
     let claim = plan(&db, idem::CLAIM_OR_READ, |q| {
@@ -201,6 +206,11 @@ async fn claim_replay_purge_and_list_statements_use_their_indexes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_claim_and_the_outbox_gauges_stay_on_partial_indexes_among_many_published_rows() {
+    if crate::support::one_server_only(
+        "EXPLAIN of one server's plans; on Citus each shard is planned on its worker (database::citus checks the routing)",
+    ) {
+        return;
+    }
     let db = TestDb::new().await;
     // 200,000 published rows, a handful pending and dead: the shape of a healthy outbox.
     sqlx::raw_sql(
@@ -294,6 +304,11 @@ async fn assert_idempotency_purges_use_their_indexes(db: &TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tenant_export_erasure_and_rewrap_walk_the_keys_the_tenant_leads() {
+    if crate::support::one_server_only(
+        "EXPLAIN of one server's plans; on Citus each shard is planned on its worker (database::citus checks the routing)",
+    ) {
+        return;
+    }
     let db = seeded().await;
     // A page smaller than the tenant, as an export of a large tenant reads them (with
     // a page larger than all of a small tenant's orders, sorting them is cheaper).
@@ -407,6 +422,11 @@ async fn assert_claim_uses_its_range(db: &TestDb) {
 /// their index ranges all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_statements_keep_their_ranges_with_stale_statistics() {
+    if crate::support::one_server_only(
+        "EXPLAIN of one server's plans; on Citus each shard is planned on its worker (database::citus checks the routing)",
+    ) {
+        return;
+    }
     let db = TestDb::new().await;
     sqlx::query("ANALYZE outbox_event")
         .execute(&db.pool)
@@ -442,6 +462,11 @@ async fn the_relay_statements_keep_their_ranges_with_stale_statistics() {
 /// claims among them) laid down after the last `ANALYZE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purges_keep_their_ranges_with_stale_statistics() {
+    if crate::support::one_server_only(
+        "EXPLAIN of one server's plans; on Citus each shard is planned on its worker (database::citus checks the routing)",
+    ) {
+        return;
+    }
     let db = TestDb::new().await;
     sqlx::query("ANALYZE idempotency_record")
         .execute(&db.pool)

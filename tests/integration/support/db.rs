@@ -39,6 +39,17 @@ pub fn on_citus() -> bool {
     !citus_workers().is_empty()
 }
 
+/// Marks a test of one PostgreSQL server's own machinery (a server of the test's own,
+/// its planner's choices, a pooler in front of it), with `why` it means nothing on a
+/// Citus cluster: true there (the test then returns at once, and says so), false on one
+/// server. The first line of such a test, so that the mark is read with it.
+pub fn one_server_only(why: &str) -> bool {
+    if on_citus() {
+        eprintln!("one server only, not run on Citus: {why}");
+    }
+    on_citus()
+}
+
 /// Shards per distributed table in a test database: few, so that a test's tenants
 /// still land on both workers while the per-shard work stays small.
 const CITUS_SHARDS: u32 = 4;
@@ -261,7 +272,7 @@ impl TestDb {
     /// its tables are distributed.
     pub fn direct_sized(&self, size: u32) -> orderd::db::Db {
         orderd::db::Db::direct(self.url.parse().unwrap(), size, Duration::from_secs(30))
-            .on_distributed(!self.workers.is_empty())
+            .in_layout(orderd::db::Layout::of(!self.workers.is_empty()))
     }
 
     /// A session of its own on this database (what the relay's LISTEN needs).
