@@ -589,11 +589,13 @@ fn render(shown: &idempotency::operator::Shown) -> String {
     };
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
     let expires = match shown.expires_at {
-        Some(_) if shown.is_expired() => format!("{} (passed)", time(shown.expires_at)),
+        Some(_) if shown.record.is_expired() => format!("{} (passed)", time(shown.expires_at)),
         at => time(at),
     };
     let lease = match shown.lease_until {
-        Some(_) if shown.is_live_claim() => format!("{} (live)", time(shown.lease_until)),
+        Some(_) if shown.record.live_lease().is_some() => {
+            format!("{} (live)", time(shown.lease_until))
+        }
         Some(_) => format!("{} (passed)", time(shown.lease_until)),
         None => "-".to_string(),
     };

@@ -38,7 +38,7 @@ pub fn decide(record: &Record, fingerprint: &Fingerprint) -> Step {
         State::Completed { .. } if same_request => Step::Replay,
         State::Completed { .. } => Step::Reject,
         State::Processing { .. } if !same_request => Step::Reject,
-        State::Processing { owner, lease_until } if *lease_until <= now => {
+        State::Processing { owner, .. } if record.live_lease().is_none() => {
             Step::TakeOver { seen_owner: *owner }
         }
         State::Processing { lease_until, .. } => Step::Wait {

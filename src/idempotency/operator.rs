@@ -33,7 +33,7 @@ use uuid::Uuid;
 use super::{
     IdempotencyKey, Scope,
     cache::ReplayCache,
-    record::StoredResponse,
+    record::{Record, State},
     seal::{SealError, Sealer},
     store::{self, binding},
 };
@@ -82,42 +82,18 @@ pub struct Shown {
     /// The body, opened, only when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// The record as the guard reads it: what the lease rule is judged on.
+    #[serde(skip)]
+    pub record: Record,
 }
 
 impl Shown {
-    /// A PROCESSING record whose lease has not passed: a request is executing under it.
-    pub fn is_live_claim(&self) -> bool {
-        self.state == "PROCESSING" && self.lease_until.is_some_and(|until| until > self.read_at)
-    }
-
-    /// A completed record past its retention: the next request with the key is new
-    /// anyway, and the purge will delete it.
-    pub fn is_expired(&self) -> bool {
-        self.expires_at.is_some_and(|at| at <= self.read_at)
-    }
-
     /// A stored success: forgetting it makes the retry create anew.
-    pub fn is_success(&self) -> bool {
-        self.state == "COMPLETED" && self.status.is_some_and(|s| (200..300).contains(&s))
+    fn is_success(&self) -> bool {
+        self.record
+            .response()
+            .is_some_and(|r| (200..300).contains(&r.status))
     }
-}
-
-#[derive(sqlx::FromRow)]
-struct ShowRow {
-    state: String,
-    fingerprint: Vec<u8>,
-    created_at: DateTime<Utc>,
-    completed_at: Option<DateTime<Utc>>,
-    lease_until: Option<DateTime<Utc>>,
-    expires_at: Option<DateTime<Utc>>,
-    response_status: Option<i16>,
-    response_location: Option<String>,
-    response_content_type: Option<String>,
-    response_body: Option<Vec<u8>>,
-    response_key_id: Option<String>,
-    response_seal_version: Option<i16>,
-    resource_id: Option<Uuid>,
-    read_at: DateTime<Utc>,
 }
 
 /// Why a record was not shown or not forgotten.
@@ -147,34 +123,31 @@ async fn read(
     lock: bool,
     sealer: Option<&Sealer>,
 ) -> Result<Shown, Refused> {
-    let statement = if lock {
-        store::SHOW_FOR_UPDATE.as_str()
-    } else {
-        store::SHOW
+    let kept = store::show(sql, scope, lock)
+        .await?
+        .ok_or(Refused::Missing)?;
+    let record = kept.record;
+    let (state, lease_until) = match &record.state {
+        State::Processing { lease_until, .. } => ("PROCESSING", Some(*lease_until)),
+        State::Completed { .. } => ("COMPLETED", None),
     };
-    let row: Option<ShowRow> = sql
-        .query_as(statement)
-        .bind(scope.tenant.0)
-        .bind(scope.endpoint)
-        .bind(scope.key.as_str())
-        .fetch_optional(sql.conn())
-        .await?;
-    let row = row.ok_or(Refused::Missing)?;
-    let status = row.response_status.and_then(|s| u16::try_from(s).ok());
-    let body = match (sealer, &row.response_body, status) {
-        (Some(sealer), Some(stored), Some(status)) => {
-            let response = StoredResponse {
-                status,
-                location: row.response_location.clone(),
-                content_type: row.response_content_type.clone(),
-                body: bytes::Bytes::new(),
-                resource: row.resource_id,
-            };
+    let (expires_at, sealed_with, seal_version) = match &record.state {
+        State::Completed {
+            expires_at,
+            sealed_with,
+            seal_version,
+            ..
+        } => (Some(*expires_at), sealed_with.clone(), *seal_version),
+        State::Processing { .. } => (None, None, None),
+    };
+    let response = record.response();
+    let body = match (sealer, response) {
+        (Some(sealer), Some(response)) => {
             let opened = sealer.open(
-                binding(scope, &response, row.expires_at),
-                stored.clone(),
-                row.response_key_id.as_deref(),
-                row.response_seal_version,
+                binding(scope, response, expires_at),
+                response.body.to_vec(),
+                sealed_with.as_deref(),
+                seal_version,
             )?;
             Some(String::from_utf8_lossy(&opened).into_owned())
         }
@@ -184,21 +157,22 @@ async fn read(
         tenant_id: scope.tenant.0,
         endpoint: scope.endpoint.to_string(),
         key: scope.key.as_str().to_string(),
-        state: row.state,
-        created_at: row.created_at,
-        completed_at: row.completed_at,
-        expires_at: row.expires_at,
-        lease_until: row.lease_until,
-        read_at: row.read_at,
-        status,
-        resource_id: row.resource_id,
-        location: row.response_location,
-        content_type: row.response_content_type,
-        fingerprint: hex::encode(row.fingerprint),
-        sealed_with: row.response_key_id,
-        seal_version: row.response_seal_version,
-        body_bytes: row.response_body.as_ref().map(Vec::len),
+        state: state.to_string(),
+        created_at: kept.created_at,
+        completed_at: kept.completed_at,
+        expires_at,
+        lease_until,
+        read_at: record.read_at,
+        status: response.map(|r| r.status),
+        resource_id: response.and_then(|r| r.resource),
+        location: response.and_then(|r| r.location.clone()),
+        content_type: response.and_then(|r| r.content_type.clone()),
+        fingerprint: hex::encode(&record.fingerprint),
+        sealed_with,
+        seal_version,
+        body_bytes: response.map(|r| r.body.len()),
         body,
+        record,
     })
 }
 
@@ -212,12 +186,10 @@ pub async fn show(db: &Db, scope: &Scope, sealer: Option<&Sealer>) -> Result<Sho
 
 /// Whether `record` may be forgotten (see the module's doc).
 pub fn may_forget(record: &Shown, force: bool) -> Result<(), Refused> {
-    if record.is_live_claim() {
-        return Err(Refused::LiveClaim {
-            lease_until: record.lease_until.unwrap_or(record.read_at),
-        });
+    if let Some(lease_until) = record.record.live_lease() {
+        return Err(Refused::LiveClaim { lease_until });
     }
-    if record.is_success() && !record.is_expired() && !force {
+    if record.is_success() && !record.record.is_expired() && !force {
         return Err(Refused::StoredSuccess {
             status: record.status.unwrap_or_default(),
             resource: record
@@ -340,10 +312,33 @@ fn scope_of(payload: &str, endpoints: &[&'static str]) -> Option<Scope> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::record::StoredResponse;
 
     const AT: DateTime<Utc> = DateTime::from_timestamp_nanos(1_800_000_000_000_000_000);
 
     fn record(state: &str, status: Option<u16>) -> Shown {
+        let record = Record {
+            fingerprint: Vec::new(),
+            state: match status {
+                None => State::Processing {
+                    owner: Uuid::nil(),
+                    lease_until: AT + chrono::TimeDelta::seconds(30),
+                },
+                Some(status) => State::Completed {
+                    expires_at: AT + chrono::TimeDelta::hours(24),
+                    response: StoredResponse {
+                        status,
+                        location: None,
+                        content_type: None,
+                        body: bytes::Bytes::new(),
+                        resource: None,
+                    },
+                    sealed_with: None,
+                    seal_version: None,
+                },
+            },
+            read_at: AT,
+        };
         Shown {
             tenant_id: Uuid::nil(),
             endpoint: "POST /v1/orders".into(),
@@ -365,6 +360,7 @@ mod tests {
             seal_version: None,
             body_bytes: None,
             body: None,
+            record,
         }
     }
 
@@ -375,7 +371,7 @@ mod tests {
             may_forget(&claim, true),
             Err(Refused::LiveClaim { .. })
         ));
-        claim.read_at = AT + chrono::TimeDelta::seconds(30);
+        claim.record.read_at = AT + chrono::TimeDelta::seconds(30);
         assert!(may_forget(&claim, false).is_ok());
     }
 
@@ -390,7 +386,7 @@ mod tests {
         assert!(may_forget(&record("COMPLETED", Some(404)), false).is_ok());
         // Past its retention the key is new anyway: nothing to protect.
         let mut expired = success;
-        expired.read_at = AT + chrono::TimeDelta::hours(25);
+        expired.record.read_at = AT + chrono::TimeDelta::hours(25);
         assert!(may_forget(&expired, false).is_ok());
     }
 

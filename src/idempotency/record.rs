@@ -28,6 +28,34 @@ pub struct Record {
     pub read_at: DateTime<Utc>,
 }
 
+impl Record {
+    /// The one lease rule, by the database's clock as the row was read: until when a
+    /// claim's lease runs while it has not passed (a request is executing under it),
+    /// none once it passed or the key is completed. The guard takes over a claim only
+    /// without one, and an operator forgets one only without one.
+    pub fn live_lease(&self) -> Option<DateTime<Utc>> {
+        match self.state {
+            State::Processing { lease_until, .. } if lease_until > self.read_at => {
+                Some(lease_until)
+            }
+            _ => None,
+        }
+    }
+
+    /// A completed key past its retention: the next request with it is a new one.
+    pub fn is_expired(&self) -> bool {
+        matches!(&self.state, State::Completed { expires_at, .. } if *expires_at <= self.read_at)
+    }
+
+    /// The stored answer, once the key is completed.
+    pub fn response(&self) -> Option<&StoredResponse> {
+        match &self.state {
+            State::Completed { response, .. } => Some(response),
+            State::Processing { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     /// Claimed and being executed by the request holding `owner`.

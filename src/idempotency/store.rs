@@ -185,9 +185,10 @@ pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, exp
      WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3";
 
 /// Everything an operator is shown of a record, by primary key, with the database
-/// clock; [`SHOW_FOR_UPDATE`] also locks it until the transaction ends.
+/// clock: the columns [`READ`] reads, and when the key was claimed and completed;
+/// [`SHOW_FOR_UPDATE`] also locks it until the transaction ends.
 pub const SHOW: &str =
-    "SELECT state, fingerprint, created_at, completed_at, lease_until, expires_at,
+    "SELECT state, fingerprint, owner_token, created_at, completed_at, lease_until, expires_at,
             response_status, response_location, response_content_type, response_body,
             response_key_id, response_seal_version, resource_id, clock_timestamp() AS read_at
      FROM idempotency_record
@@ -751,6 +752,43 @@ fn bind_claim<'q, O>(
         .bind(fingerprint.as_bytes())
         .bind(owner)
         .bind(lease_ms)
+}
+
+/// A record as an operator is shown it: the record, read as the guard reads it, and
+/// when its key was claimed and completed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    pub record: Record,
+    pub created_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct KeptRow {
+    created_at: DateTime<Utc>,
+    completed_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    row: Row,
+}
+
+/// Reads the record for an operator (see [`SHOW`]), locking it when `lock`.
+pub async fn show(sql: &mut Sql<'_>, scope: &Scope, lock: bool) -> sqlx::Result<Option<Kept>> {
+    let statement = if lock { SHOW_FOR_UPDATE.as_str() } else { SHOW };
+    let row: Option<KeptRow> = sql
+        .query_as(statement)
+        .bind(scope.tenant.0)
+        .bind(scope.endpoint)
+        .bind(scope.key.as_str())
+        .fetch_optional(sql.conn())
+        .await?;
+    row.map(|k| {
+        Ok(Kept {
+            record: k.row.into_record()?,
+            created_at: k.created_at,
+            completed_at: k.completed_at,
+        })
+    })
+    .transpose()
 }
 
 /// Reads the record, if any (the replay lookup: one primary-key read).

@@ -525,17 +525,11 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
         relay.await.unwrap();
     }
 
-    // In the database: each order's events were marked in sequence.
-    let out_of_order: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_event a JOIN outbox_event b
-           ON a.tenant_id = b.tenant_id AND a.aggregate_id = b.aggregate_id
-          AND a.aggregate_seq < b.aggregate_seq
-         WHERE a.published_at > b.published_at",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(out_of_order, 0);
+    // Not checked in the database: `published_at` is the start of the round that
+    // claimed an event (decision 145), and a round that began just before another
+    // round's mark can claim the order's next event once that mark commits, so two
+    // events of an order can carry their rounds' starts in the other order. What
+    // consumers see is the order at the bus, checked next.
     // At SNS: every event acknowledged once, each order's in sequence.
     let acknowledged = observed.acknowledged.lock().unwrap().clone();
     assert_eq!(acknowledged.len(), 3000);
