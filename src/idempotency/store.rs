@@ -774,13 +774,7 @@ struct KeptRow {
 /// Reads the record for an operator (see [`SHOW`]), locking it when `lock`.
 pub async fn show(sql: &mut Sql<'_>, scope: &Scope, lock: bool) -> sqlx::Result<Option<Kept>> {
     let statement = if lock { SHOW_FOR_UPDATE.as_str() } else { SHOW };
-    let row: Option<KeptRow> = sql
-        .query_as(statement)
-        .bind(scope.tenant.0)
-        .bind(scope.endpoint)
-        .bind(scope.key.as_str())
-        .fetch_optional(sql.conn())
-        .await?;
+    let row: Option<KeptRow> = by_key(sql, statement, scope).await?;
     row.map(|k| {
         Ok(Kept {
             record: k.row.into_record()?,
@@ -793,14 +787,25 @@ pub async fn show(sql: &mut Sql<'_>, scope: &Scope, lock: bool) -> sqlx::Result<
 
 /// Reads the record, if any (the replay lookup: one primary-key read).
 pub async fn read(sql: &mut Sql<'_>, scope: &Scope) -> sqlx::Result<Option<Record>> {
-    let row: Option<Row> = sql
-        .query_as(READ)
+    let row: Option<Row> = by_key(sql, READ, scope).await?;
+    row.map(Row::into_record).transpose()
+}
+
+/// The row `statement` reads by `scope`'s primary key (`$1` to `$3`), if any.
+async fn by_key<O>(
+    sql: &mut Sql<'_>,
+    statement: &'static str,
+    scope: &Scope,
+) -> sqlx::Result<Option<O>>
+where
+    O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    sql.query_as(statement)
         .bind(scope.tenant.0)
         .bind(scope.endpoint)
         .bind(scope.key.as_str())
         .fetch_optional(sql.conn())
-        .await?;
-    row.map(Row::into_record).transpose()
+        .await
 }
 
 /// Compare-and-set takeover of an expired PROCESSING lease: succeeds only if the row is
