@@ -420,8 +420,10 @@ fn every_path_the_architecture_names_exists() {
     );
 }
 
-/// The application layer is transport-neutral: no HTTP types (statuses, headers) and
-/// no server framework in `service`; the transports map its problems to theirs.
+/// The application layer is transport-neutral: no HTTP types (statuses, headers), no
+/// media types and no server framework in `service`; the transports map its problems
+/// to theirs and hand it the statuses and media types of what it stores
+/// (`service::Framing`).
 #[test]
 fn the_application_layer_names_no_http_type() {
     let found = mentions(
@@ -432,6 +434,8 @@ fn the_application_layer_names_no_http_type() {
             "HeaderName",
             "HeaderValue",
             "StatusCode",
+            "application/json",
+            "application/problem+json",
         ],
     );
     assert!(

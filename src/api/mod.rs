@@ -30,6 +30,22 @@ use poem_openapi::{OpenApiService, Tags};
 
 use self::limits::TenantLimiter;
 pub use self::settings::{HttpConfig, TenantLimits};
+
+/// The media type of every success body.
+pub const JSON: &str = "application/json; charset=utf-8";
+
+/// How HTTP frames what the application layer answers: 201 for a create, 200 for any
+/// other success, a refusal's status from [`problem::app_status`], JSON and
+/// problem+json bodies. The service stores its answers framed so, and every transport
+/// (MCP too) replays them as stored.
+pub static FRAMING: service::Framing = service::Framing {
+    created: 201,
+    ok: 200,
+    refused: problem::app_status,
+    json: JSON,
+    problem: problem::PROBLEM_JSON,
+};
+
 use crate::{
     auth::Verifier,
     idempotency,

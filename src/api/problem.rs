@@ -13,7 +13,7 @@ use poem_openapi::{
 };
 
 pub use crate::service::problem::{
-    FieldError, Kind as AppKind, PROBLEM_JSON, Problem as AppProblem, ProblemDetails,
+    FieldError, Kind as AppKind, Problem as AppProblem, ProblemDetails,
 };
 
 /// The problem types: the application layer's, and the transport's own.
@@ -29,13 +29,37 @@ pub enum Kind {
     HeadersTooLarge,
 }
 
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The HTTP status of each of the application layer's kinds of problem: the one table
+/// of them (a refusal stored for replay, such as a cancel's 404, carries it: see
+/// [`super::FRAMING`]).
+pub fn app_status(kind: AppKind) -> u16 {
+    match kind {
+        AppKind::IdempotencyKeyMissing | AppKind::IdempotencyKeyInvalid => 400,
+        AppKind::IdempotencyKeyReused => 422,
+        AppKind::IdempotencyKeyInFlight => 409,
+        AppKind::ValidationError => 400,
+        AppKind::Unauthorized => 401,
+        AppKind::Forbidden => 403,
+        AppKind::NotFound => 404,
+        AppKind::TenantErasureInProgress => 409,
+        AppKind::ServiceUnavailable => 503,
+        AppKind::InternalError => 500,
+    }
+}
+
 impl Kind {
-    /// The slug, the title and the status of each kind: the application layer's table
-    /// for its kinds, this one for the transport's.
+    /// The slug, the title and the status of each kind: the application layer's slugs
+    /// and titles with [`app_status`], this table for the transport's own kinds.
     pub fn describe(self) -> (&'static str, &'static str, StatusCode) {
         use StatusCode as S;
         let (slug, title, status) = match self {
-            Kind::App(kind) => kind.describe(),
+            Kind::App(kind) => {
+                let (slug, title) = kind.describe();
+                (slug, title, app_status(kind))
+            }
             Kind::MethodNotAllowed => ("method-not-allowed", "Method not allowed", 405),
             Kind::PayloadTooLarge => ("payload-too-large", "Payload too large", 413),
             Kind::UnsupportedMediaType => ("unsupported-media-type", "Unsupported media type", 415),

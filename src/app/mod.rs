@@ -170,6 +170,7 @@ impl Application {
             guard.clone(),
             self.config.http.max_in_flight,
             erasures.clone(),
+            &api::FRAMING,
         )
         .waking(waker);
         // No answer is replayed from memory unless both sessions that could say it must

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use self::{
     problem::{Kind, Problem},
-    view::{JSON, OrderPage, OrderView},
+    view::{OrderPage, OrderView},
 };
 use crate::{
     auth::{Principal, SCOPE_READ, SCOPE_WRITE},
@@ -128,39 +128,75 @@ fn fresh(response: StoredResponse) -> Reply {
     }
 }
 
-/// A JSON answer: `status` and the rendering of `value`.
-fn json(status: u16, value: &impl Serialize) -> StoredResponse {
-    StoredResponse {
-        status,
-        location: None,
-        content_type: Some(JSON.to_string()),
-        body: view::render(value).into(),
-        resource: None,
-    }
+/// How a transport frames the answers the service makes: the status of each kind of
+/// answer and the media types of its bodies. Given by the transport (`api::FRAMING`)
+/// and applied here, before an answer is stored: a stored answer is replayed byte for
+/// byte whichever transport asks (REST and MCP share one key space), so its status is
+/// part of what is stored. The service itself names no status and no media type.
+#[derive(Debug)]
+pub struct Framing {
+    /// A write that made a new resource.
+    pub created: u16,
+    /// Any other success.
+    pub ok: u16,
+    /// A refusal of `kind`.
+    pub refused: fn(problem::Kind) -> u16,
+    /// The media type of a success body.
+    pub json: &'static str,
+    /// The media type of a refusal's body.
+    pub problem: &'static str,
 }
 
-/// An answer that is `order`, naming it as the resource (stored in clear beside a
-/// sealed body, so that reconciliation finds the order without opening the body).
-fn order_answer(status: u16, order: orders::Order) -> StoredResponse {
-    StoredResponse {
-        resource: Some(order.id),
-        ..json(status, &OrderView::from(order))
-    }
+/// What kind of success an answer is.
+#[derive(Debug, Clone, Copy)]
+enum Success {
+    Created,
+    Ok,
 }
 
-/// A refusal stored like an answer (a cancel of an unknown order): the problem's
-/// status and its problem+json body, `instance` the operation's path.
-fn refusal(problem: &Problem, instance: String) -> StoredResponse {
-    let mut details = problem.details();
-    details.instance = Some(instance);
-    StoredResponse {
-        status: details.status,
-        location: None,
-        content_type: Some(problem::PROBLEM_JSON.to_string()),
-        body: serde_json::to_vec(&details)
-            .expect("problem details always serialise")
-            .into(),
-        resource: None,
+impl Framing {
+    fn status(&self, success: Success) -> u16 {
+        match success {
+            Success::Created => self.created,
+            Success::Ok => self.ok,
+        }
+    }
+
+    /// A JSON answer: the status of `success` and the rendering of `value`.
+    fn json(&self, success: Success, value: &impl Serialize) -> StoredResponse {
+        StoredResponse {
+            status: self.status(success),
+            location: None,
+            content_type: Some(self.json.to_string()),
+            body: view::render(value).into(),
+            resource: None,
+        }
+    }
+
+    /// An answer that is `order`, naming it as the resource (stored in clear beside a
+    /// sealed body, so that reconciliation finds the order without opening the body).
+    fn order(&self, success: Success, order: orders::Order) -> StoredResponse {
+        StoredResponse {
+            resource: Some(order.id),
+            ..self.json(success, &OrderView::from(order))
+        }
+    }
+
+    /// A refusal stored like an answer (a cancel of an unknown order): the problem's
+    /// status and its problem body, `instance` the operation's path.
+    fn refusal(&self, problem: &Problem, instance: String) -> StoredResponse {
+        let status = (self.refused)(problem.kind);
+        let mut details = problem.details(status);
+        details.instance = Some(instance);
+        StoredResponse {
+            status,
+            location: None,
+            content_type: Some(self.problem.to_string()),
+            body: serde_json::to_vec(&details)
+                .expect("problem details always serialise")
+                .into(),
+            resource: None,
+        }
     }
 }
 
@@ -180,16 +216,25 @@ pub struct Service {
     /// Tells the relays of committed events where no trigger does (a distributed
     /// outbox; `outbox::wake`).
     waker: Waker,
+    /// The transport's statuses and media types for what is answered.
+    framing: &'static Framing,
 }
 
 impl Service {
-    pub fn new(db: Db, guard: Guard, max_in_flight: usize, erasures: Arc<Erasures>) -> Self {
+    pub fn new(
+        db: Db,
+        guard: Guard,
+        max_in_flight: usize,
+        erasures: Arc<Erasures>,
+        framing: &'static Framing,
+    ) -> Self {
         Self {
             db,
             guard,
             capacity: Arc::new(Semaphore::new(max_in_flight)),
             erasures,
             waker: Waker::off(),
+            framing,
         }
     }
 
@@ -249,7 +294,7 @@ impl Service {
             endpoint: Endpoint::CreateOrder.as_str(),
             key,
         };
-        let trace = caller.trace().cloned();
+        let (trace, framing) = (caller.trace().cloned(), self.framing);
         let answer = self
             .guard
             .run_in_one_statement(&scope, create_fingerprint(&new), move |mut sql, fence| {
@@ -258,7 +303,7 @@ impl Service {
                         let order = orders::Order::created(&new, fence.at);
                         let response = StoredResponse {
                             location: Some(format!("/v1/orders/{}", order.id)),
-                            ..order_answer(201, order.clone())
+                            ..framing.order(Success::Created, order.clone())
                         };
                         let written = orders::store::create(
                             &mut sql,
@@ -296,7 +341,7 @@ impl Service {
             endpoint: Endpoint::CancelOrder.as_str(),
             key,
         };
-        let trace = caller.trace().cloned();
+        let (trace, framing) = (caller.trace().cloned(), self.framing);
         let answer = self
             .guard
             .run(&scope, cancel_fingerprint(id), move |mut sql, _| {
@@ -308,10 +353,10 @@ impl Service {
                             {
                                 CancelOutcome::Cancelled(order)
                                 | CancelOutcome::AlreadyCancelled(order) => {
-                                    order_answer(200, order)
+                                    framing.order(Success::Ok, order)
                                 }
                                 CancelOutcome::NotFound => {
-                                    refusal(&not_found(id), format!("/v1/orders/{id}"))
+                                    framing.refusal(&not_found(id), format!("/v1/orders/{id}"))
                                 }
                             },
                         )
@@ -337,7 +382,9 @@ impl Service {
             .instrument(db_span("get order"))
             .await?;
         match found {
-            Some(order) => Ok(fresh(json(200, &OrderView::from(order)))),
+            Some(order) => Ok(fresh(
+                self.framing.json(Success::Ok, &OrderView::from(order)),
+            )),
             None => Err(not_found(id)),
         }
     }
@@ -376,8 +423,8 @@ impl Service {
         } else {
             None
         };
-        Ok(fresh(json(
-            200,
+        Ok(fresh(self.framing.json(
+            Success::Ok,
             &OrderPage {
                 items: items.into_iter().map(OrderView::from).collect(),
                 next,

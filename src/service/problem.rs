@@ -72,45 +72,38 @@ pub enum Kind {
     InternalError,
 }
 
-/// Media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
-
 impl Kind {
-    /// The `type` slug, the title and the status of each kind: the one table of them
-    /// (the status is part of an answer stored for replay, such as a cancel's 404).
-    pub fn describe(self) -> (&'static str, &'static str, u16) {
+    /// The `type` slug and the title of each kind: the one table of them. Each
+    /// transport gives a kind its status (`api::problem`), and the service stores a
+    /// refusal with the status the transport's framing says (`Framing`).
+    pub fn describe(self) -> (&'static str, &'static str) {
         match self {
             Kind::IdempotencyKeyMissing => (
                 "idempotency-key-missing",
                 "Idempotency-Key header is required",
-                400,
             ),
             Kind::IdempotencyKeyInvalid => (
                 "idempotency-key-invalid",
                 "Idempotency-Key header is malformed",
-                400,
             ),
             Kind::IdempotencyKeyReused => (
                 "idempotency-key-reused",
                 "Idempotency-Key was already used with another request",
-                422,
             ),
             Kind::IdempotencyKeyInFlight => (
                 "idempotency-key-in-flight",
                 "A request with this Idempotency-Key is in progress",
-                409,
             ),
-            Kind::ValidationError => ("validation-error", "The request is invalid", 400),
-            Kind::Unauthorized => ("unauthorized", "Authentication is required", 401),
-            Kind::Forbidden => ("forbidden", "The token lacks the required scope", 403),
-            Kind::NotFound => ("not-found", "Not found", 404),
+            Kind::ValidationError => ("validation-error", "The request is invalid"),
+            Kind::Unauthorized => ("unauthorized", "Authentication is required"),
+            Kind::Forbidden => ("forbidden", "The token lacks the required scope"),
+            Kind::NotFound => ("not-found", "Not found"),
             Kind::TenantErasureInProgress => (
                 "tenant-erasure-in-progress",
                 "The tenant's data is being erased",
-                409,
             ),
-            Kind::ServiceUnavailable => ("service-unavailable", "Service unavailable", 503),
-            Kind::InternalError => ("internal-error", "Internal error", 500),
+            Kind::ServiceUnavailable => ("service-unavailable", "Service unavailable"),
+            Kind::InternalError => ("internal-error", "Internal error"),
         }
     }
 }
@@ -191,10 +184,10 @@ impl Problem {
             .with_errors(errors)
     }
 
-    /// The problem+json body (REST's error body, MCP's refusal text, and the body of a
-    /// refusal stored for replay).
-    pub fn details(&self) -> ProblemDetails {
-        let (slug, title, status) = self.kind.describe();
+    /// The problem+json body with `status`, the transport's for this kind (REST's
+    /// error body, MCP's refusal text, and the body of a refusal stored for replay).
+    pub fn details(&self, status: u16) -> ProblemDetails {
+        let (slug, title) = self.kind.describe();
         ProblemDetails {
             kind: format!("/problems/{slug}"),
             title: title.to_string(),

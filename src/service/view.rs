@@ -67,9 +67,6 @@ pub struct OrderPage {
     pub next: Option<String>,
 }
 
-/// The media type of every success body.
-pub const JSON: &str = "application/json; charset=utf-8";
-
 /// The bytes of a body: members sorted, as every stored response has them.
 pub fn render(value: &impl Serialize) -> Vec<u8> {
     let value = serde_json::to_value(value).expect("views always serialise");
