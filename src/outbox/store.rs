@@ -252,11 +252,15 @@ pub const PARK_WINDOW: i64 = 250;
 /// the claim: a mark lost to a database crash only means those events are published
 /// once more (consumers drop duplicates by `event_id`), and per-order order still holds,
 /// since an order's next event waits for the lost mark's event to be published again.
-/// Each order's next pending event, parked while it waited, is due again at `$4` (the
-/// round's database time). `published_at` is that time too: the start of the round
-/// that published the event, read once (no volatile `clock_timestamp()` in the
-/// `UPDATE`, which a distributed PostgreSQL refuses), so published events sort by the
-/// round that claimed them, whichever lane marked first. The next event is found per order, one probe of
+/// Each order's next pending event is due at `$4` (the round's database time): brought
+/// back if it was parked while it waited, and moved up to `$4` if it was due earlier,
+/// so that no round that began before this one can claim it (a round reads its time
+/// first and claims after; one that read it just before this mark committed would
+/// otherwise take the next event and mark it with an earlier `published_at` than this
+/// one). `published_at` is that time too: the start of the round that published the
+/// event, read once (no volatile `clock_timestamp()` in the `UPDATE`, which a
+/// distributed PostgreSQL refuses), so published events sort by the round that claimed
+/// them, whichever lane marked first, and each order's events by their sequence. The next event is found per order, one probe of
 /// `outbox_event_unpublished_by_order` each: asked for all of them at once, the planner
 /// read every pending row of the tenant (0.6 s a mark beside a backlog of a million),
 /// and the marked rows are joined on the key from `unnest` for the same reason: given
@@ -285,7 +289,7 @@ pub const MARK_PUBLISHED: &str = "WITH marked AS (
          UPDATE outbox_event o SET next_attempt_at = $4
          FROM next
          WHERE o.tenant_id = $1 AND o.event_id = next.event_id AND next.status = 'PENDING'
-           AND next.next_attempt_at > $4
+           AND next.next_attempt_at <> $4
          RETURNING 1)
      SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM woken)";
 

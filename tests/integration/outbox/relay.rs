@@ -178,6 +178,80 @@ async fn a_rolled_back_write_leaves_no_event_and_a_committed_one_always_has_one(
     assert_eq!(unmatched, 0, "every committed change has exactly one event");
 }
 
+/// A round that read its time before another round's mark committed, and claims after
+/// it, must not take the order's next event: it would mark it with an earlier
+/// `published_at` than the event before it. The mark moves the next event to its own
+/// round's time, so only a round that began at or after it can claim it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_began_before_a_mark_does_not_take_the_order_s_next_event() {
+    use orderd::outbox::store;
+    let db = TestDb::new().await;
+    let tenant = orderd::tenant::TenantId(Uuid::new_v4());
+    let new = orderd::orders::NewOrder::parse(
+        serde_json::json!({"sku": "ROUND-1", "quantity": 1})
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
+    // An order with two events, both due.
+    let mut tx = db.pool.begin().await.unwrap();
+    let order = create_order_in(&mut tx, tenant, &new).await;
+    orderd::orders::store::cancel(
+        &mut orderd::db::Sql::direct(&mut tx),
+        tenant,
+        order.id,
+        None,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let relay = db.direct();
+    let lease_ms = 60_000;
+    // Round B reads its time; round A begins after it, claims the first event and
+    // marks it published.
+    let b_began = relay
+        .run(async |c| store::round_time(c).await)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let a_began = relay
+        .run(async |c| store::round_time(c).await)
+        .await
+        .unwrap();
+    let a = Uuid::new_v4();
+    let first = relay
+        .run(async |c| store::claim_tenant(c, tenant.0, a_began, 10, lease_ms, a).await)
+        .await
+        .unwrap();
+    assert_eq!(first.events.len(), 1, "the order's first event alone");
+    let ids: Vec<Uuid> = first.events.iter().map(|e| e.event_id).collect();
+    relay
+        .run(async |c| store::mark_published(c, tenant.0, &ids, a, a_began).await)
+        .await
+        .unwrap();
+    // Round B claims now, by its earlier time: nothing of the order.
+    let b = relay
+        .run(async |c| {
+            store::claim_tenant(c, tenant.0, b_began, 10, lease_ms, Uuid::new_v4()).await
+        })
+        .await
+        .unwrap();
+    assert!(
+        b.events.is_empty(),
+        "a round older than the mark took {:?}",
+        b.events
+    );
+    // A round that began with the mark, or after it, does.
+    let next = relay
+        .run(async |c| {
+            store::claim_tenant(c, tenant.0, a_began, 10, lease_ms, Uuid::new_v4()).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(next.events.len(), 1);
+    assert_eq!(next.events[0].event_type, "OrderCancelled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_sns_down_writes_succeed_no_event_is_charged_and_the_backlog_drains_in_order_when_it_returns()
  {
@@ -525,11 +599,17 @@ async fn three_relays_deliver_thousands_of_events_once_each_in_per_order_commit_
         relay.await.unwrap();
     }
 
-    // Not checked in the database: `published_at` is the start of the round that
-    // claimed an event (decision 145), and a round that began just before another
-    // round's mark can claim the order's next event once that mark commits, so two
-    // events of an order can carry their rounds' starts in the other order. What
-    // consumers see is the order at the bus, checked next.
+    // In the database: each order's events were marked in sequence.
+    let out_of_order: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event a JOIN outbox_event b
+           ON a.tenant_id = b.tenant_id AND a.aggregate_id = b.aggregate_id
+          AND a.aggregate_seq < b.aggregate_seq
+         WHERE a.published_at > b.published_at",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(out_of_order, 0);
     // At SNS: every event acknowledged once, each order's in sequence.
     let acknowledged = observed.acknowledged.lock().unwrap().clone();
     assert_eq!(acknowledged.len(), 3000);
@@ -828,16 +908,7 @@ async fn the_relay_publishes_while_stalled_requests_hold_every_api_connection() 
         // Both API connections wait on the lock; the other two cancels wait for them.
         // (On a distributed database they wait on the worker: Citus's view of every
         // node's sessions.)
-        let view = if crate::support::on_citus() {
-            "citus_stat_activity"
-        } else {
-            "pg_stat_activity"
-        };
-        let waiting = format!(
-            "SELECT count(*) FROM {view} WHERE datname = '{}' AND wait_event_type = 'Lock'",
-            app.db.name
-        );
-        app.db.until_count(&waiting, 2).await;
+        app.db.until_count(&app.db.lock_waiters(), 2).await;
         // Another writer (another orderd, say) commits an order and its event.
         let mut other = app.db.pool.begin().await.unwrap();
         let new = orderd::orders::NewOrder::parse(
