@@ -24,12 +24,13 @@ import collections
 import json
 import sys
 
-import time
-import uuid
+from pathlib import Path
 
 import psycopg
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
+
+# The topic's reading is shared with the black-box Kafka check.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blackbox"))
+import kafka_topic  # noqa: E402
 
 
 def read_history(path):
@@ -53,40 +54,15 @@ def read_history(path):
 def read_topic(brokers, topic, want):
     """Every record of the topic, in partition order, until every event id in `want`
     was seen and the topic stays quiet for a few seconds (or five minutes passed)."""
-    consumer = Consumer({
-        "bootstrap.servers": brokers,
-        "group.id": f"chaos-check-{uuid.uuid4()}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })
-    consumer.subscribe([topic])
-    records, seen = [], set()
-    deadline = time.monotonic() + 300
-    quiet = 0
-    while time.monotonic() < deadline and not (want <= seen and quiet >= 5):
-        message = consumer.poll(1.0)
-        if message is None:
-            quiet += 1
-            continue
-        if message.error():
-            raise RuntimeError(message.error())
-        quiet = 0
-        value = json.loads(message.value())
-        seen.add(value["event_id"])
-        records.append((message.partition(), message.key().decode(), value))
-    consumer.close()
-    return records
-
-
-def create_topic(brokers, topic):
-    admin = AdminClient({"bootstrap.servers": brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(timeout=30)
-    return 0
+    quiet_after_all = lambda seen, quiet: want <= seen and quiet >= 5
+    return [(message.partition(), message.key().decode(), value)
+            for message, value in kafka_topic.read(brokers, topic, quiet_after_all, 300)]
 
 
 def main():
     if sys.argv[1] == "create-topic":
-        return create_topic(*sys.argv[2:4])
+        kafka_topic.create_topic(*sys.argv[2:4], 3)
+        return 0
     history, database_url, brokers, topic = sys.argv[1:5]
     violations = []
     intents, answers, statuses = read_history(history)

@@ -15,16 +15,15 @@ use sqlx::{Connection, PgConnection};
 use super::Sql;
 
 /// Where orderd's tables live.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     tables: Tables,
 }
 
 /// The two shapes of orderd's schema.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tables {
     /// Plain tables on one PostgreSQL server (or its replicas).
-    #[default]
     OneServer,
     /// `orders`, `idempotency_record` and `outbox_event` hash-distributed by tenant over
     /// a Citus cluster, co-located (a tenant's rows of all three on one worker).

@@ -147,25 +147,11 @@ pub struct Framing {
     pub problem: &'static str,
 }
 
-/// What kind of success an answer is.
-#[derive(Debug, Clone, Copy)]
-enum Success {
-    Created,
-    Ok,
-}
-
 impl Framing {
-    fn status(&self, success: Success) -> u16 {
-        match success {
-            Success::Created => self.created,
-            Success::Ok => self.ok,
-        }
-    }
-
-    /// A JSON answer: the status of `success` and the rendering of `value`.
-    fn json(&self, success: Success, value: &impl Serialize) -> StoredResponse {
+    /// A JSON answer: `status` (one of this framing's) and the rendering of `value`.
+    fn json(&self, status: u16, value: &impl Serialize) -> StoredResponse {
         StoredResponse {
-            status: self.status(success),
+            status,
             location: None,
             content_type: Some(self.json.to_string()),
             body: view::render(value).into(),
@@ -175,10 +161,10 @@ impl Framing {
 
     /// An answer that is `order`, naming it as the resource (stored in clear beside a
     /// sealed body, so that reconciliation finds the order without opening the body).
-    fn order(&self, success: Success, order: orders::Order) -> StoredResponse {
+    fn order(&self, status: u16, order: orders::Order) -> StoredResponse {
         StoredResponse {
             resource: Some(order.id),
-            ..self.json(success, &OrderView::from(order))
+            ..self.json(status, &OrderView::from(order))
         }
     }
 
@@ -303,7 +289,7 @@ impl Service {
                         let order = orders::Order::created(&new, fence.at);
                         let response = StoredResponse {
                             location: Some(format!("/v1/orders/{}", order.id)),
-                            ..framing.order(Success::Created, order.clone())
+                            ..framing.order(framing.created, order.clone())
                         };
                         let written = orders::store::create(
                             &mut sql,
@@ -353,7 +339,7 @@ impl Service {
                             {
                                 CancelOutcome::Cancelled(order)
                                 | CancelOutcome::AlreadyCancelled(order) => {
-                                    framing.order(Success::Ok, order)
+                                    framing.order(framing.ok, order)
                                 }
                                 CancelOutcome::NotFound => {
                                     framing.refusal(&not_found(id), format!("/v1/orders/{id}"))
@@ -383,7 +369,7 @@ impl Service {
             .await?;
         match found {
             Some(order) => Ok(fresh(
-                self.framing.json(Success::Ok, &OrderView::from(order)),
+                self.framing.json(self.framing.ok, &OrderView::from(order)),
             )),
             None => Err(not_found(id)),
         }
@@ -424,7 +410,7 @@ impl Service {
             None
         };
         Ok(fresh(self.framing.json(
-            Success::Ok,
+            self.framing.ok,
             &OrderPage {
                 items: items.into_iter().map(OrderView::from).collect(),
                 next,

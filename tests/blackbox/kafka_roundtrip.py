@@ -28,19 +28,10 @@ import confluent_kafka
 import jsonschema
 from cloudevents.kafka import KafkaMessage, from_binary
 import yaml
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
-
+import kafka_topic
 from events_match_asyncapi import validators
 
 ORDERS = 1000
-
-
-def create_topic(brokers, topic, partitions):
-    admin = AdminClient({"bootstrap.servers": brokers})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=int(partitions), replication_factor=1)])
-    futures[topic].result(timeout=30)
-    print(f"created {topic} with {partitions} partitions")
 
 
 def post(url, token, key, body=None, traceparent=None):
@@ -78,24 +69,9 @@ def write(base, tenants):
 
 
 def consume(brokers, topic, want, seconds=180):
-    consumer = Consumer({
-        "bootstrap.servers": brokers,
-        "group.id": f"kafka-roundtrip-{uuid.uuid4()}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })
-    consumer.subscribe([topic])
-    records, seen = [], set()
-    deadline = time.monotonic() + seconds
-    while len(seen) < want and time.monotonic() < deadline:
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        if message.error():
-            raise RuntimeError(message.error())
-        value = json.loads(message.value())
-        seen.add(value["event_id"])
-        records.append({
+    """The topic's records until `want` distinct events were seen (or `seconds` passed)."""
+    return [
+        {
             "partition": message.partition(),
             "offset": message.offset(),
             "key": message.key().decode(),
@@ -103,9 +79,9 @@ def consume(brokers, topic, want, seconds=180):
             "headers": {k: v.decode() for k, v in (message.headers() or [])},
             "as_received": KafkaMessage(headers=dict(message.headers() or []),
                                         key=message.key(), value=message.value()),
-        })
-    consumer.close()
-    return records
+        }
+        for message, value in kafka_topic.read(brokers, topic, lambda seen, _: len(seen) >= want, seconds)
+    ]
 
 
 def asyncapi_checker(document):
@@ -223,6 +199,7 @@ def run(base, tokens_file, brokers, topic, asyncapi):
 
 if __name__ == "__main__":
     if sys.argv[1] == "create-topic":
-        create_topic(*sys.argv[2:5])
+        kafka_topic.create_topic(*sys.argv[2:5])
+        print(f"created {sys.argv[3]} with {sys.argv[4]} partitions")
     else:
         sys.exit(run(*sys.argv[2:7]))

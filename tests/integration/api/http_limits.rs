@@ -312,17 +312,10 @@ async fn beyond_the_in_flight_cap_authenticated_work_is_shed_with_503() {
         .collect();
     // Both wait on the row lock: both places are held.
     for _ in 0..500 {
-        // On Citus the cancels wait on the worker that holds the shard: its waits are
-        // in Citus's view of the cluster's lock waits, not in the coordinator's.
-        let waiting: i64 = sqlx::query_scalar(if crate::support::on_citus() {
-            "SELECT count(DISTINCT waiting_gpid) FROM citus_lock_waits"
-        } else {
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        })
-        .fetch_one(&app.db.pool)
-        .await
-        .unwrap();
+        let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(app.db.lock_waiters()))
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
         if waiting == 2 {
             break;
         }

@@ -330,6 +330,20 @@ impl TestDb {
         panic!("`{sql}` stayed at {last}, wanted {want}");
     }
 
+    /// A count of the sessions of this database waiting on a lock: on Citus in its
+    /// view of every node's sessions, since a statement routed to a worker waits there.
+    pub fn lock_waiters(&self) -> String {
+        let view = if on_citus() {
+            "citus_stat_activity"
+        } else {
+            "pg_stat_activity"
+        };
+        format!(
+            "SELECT count(*) FROM {view} WHERE datname = '{}' AND wait_event_type = 'Lock'",
+            self.name
+        )
+    }
+
     /// How many events are PENDING, how many were charged an attempt, how many are DEAD.
     pub async fn pending_charged_dead(&self) -> (i64, i64, i64) {
         sqlx::query_as(
