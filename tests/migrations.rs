@@ -66,6 +66,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261204000013_citus_distribution.sql",
         "f830dd3d5977c5f95831db953ebea31c6db3acaa27e57c3b4d49cbe0ded1aece",
     ),
+    (
+        "20261206000014_outbox_notify_tenants.sql",
+        "eb17b2e8d1557542dc7d0d94a2d4db9a73b55f3ca44263f35ad81eb85157b747",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

@@ -1,130 +1,150 @@
-//! Where a relay's rounds find the tenants with due events: one strategy per layout,
-//! chosen once when the relay is built.
+//! Where a relay's rounds find the tenants with due events, on either layout: the
+//! tenants it knows of (`known`), named by the notifications it hears and found by a
+//! look at the index by due time, in a job of its own. A round's cost is the tenants it
+//! visits and the events it claims; tenants whose events wait (a backoff, a DEAD event
+//! before them) cost nothing until the events fall due.
 //!
-//! - **One server: the walk.** Each round reads up to
-//!   [`store::FAIR_TENANTS_PER_CLAIM`] tenants with pending events from the pending
-//!   index, going on from where the previous round stopped ([`store::PENDING_TENANTS`]).
-//!   Its side job keeps the planner's statistics current (`statistics`).
-//! - **Distributed: the known tenants.** The walk is a query Citus does not run across
-//!   shards, so the relay learns the tenants instead (`known`): from the writers'
-//!   notifications and from a look at the table, worker by worker, at every poll. Its
-//!   side job is that look; each worker's autovacuum keeps its shards' statistics.
+//! The layouts differ in how a round's tenants are grouped into statements: on one
+//! server one statement claims for all of them; on a distributed database one statement
+//! claims for each shard's (Citus runs `FOR UPDATE` only in a statement that one shard
+//! answers), the shard looked up in the coordinator's metadata as the round starts. On
+//! one server the strategy's side job also keeps the planner's statistics current
+//! (`statistics`); on a distributed database each worker's autovacuum keeps its
+//! shards'.
 
 use std::{sync::Arc, time::Duration};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    known::{KnownTenants, Visit},
+    known::{KnownTenants, LookFrom, Visit},
     statistics,
-    store::{self, RoundStart},
+    store::{self, TENANTS_PER_ROUND},
     wake,
 };
 use crate::{
-    db::{self, Db, Forms, Heard, Layout, Sql},
+    db::{self, Db, Forms, Heard, Sql},
     supervisor::Supervisor,
 };
 
-/// Where the tenants a round visits come from (see the module's documentation).
-pub enum DueTenants {
-    /// The walk over the pending index, from after the last tenant the previous round
-    /// visited. Held while a round reads its tenants, so that the relay's lanes take
-    /// turns along the tenants instead of each walking the same.
-    Walk { cursor: tokio::sync::Mutex<Uuid> },
-    /// The tenants this relay heard of.
-    Known(Arc<KnownTenants>),
+/// The tenants this relay knows to have due events (see the module's documentation).
+#[derive(Default)]
+pub struct DueTenants {
+    known: Arc<KnownTenants>,
 }
 
-/// The two strategies.
-const STRATEGIES: Forms<fn() -> DueTenants> = Forms {
-    one_server: DueTenants::walk,
-    distributed: DueTenants::known,
+/// How a round's tenants are grouped into claim statements.
+#[derive(Clone, Copy)]
+enum Grouping {
+    /// All in one statement.
+    All,
+    /// One statement per shard.
+    ByShard,
+}
+
+const GROUPINGS: Forms<Grouping> = Forms {
+    one_server: Grouping::All,
+    distributed: Grouping::ByShard,
 };
 
-/// The tenants one round visits, the database's time it judges by, and what the
-/// strategy needs back once the round claimed.
+/// Whether the side job keeps the planner's statistics current (with `analyze`).
+const KEEPS_STATISTICS: Forms<bool> = Forms {
+    one_server: true,
+    distributed: false,
+};
+
+/// One round's tenants and the database's time it judges by.
 pub struct Start {
-    pub round: RoundStart,
-    visit: Option<Visit>,
+    /// The database's time as the round read it: what is due is due by this.
+    pub now: DateTime<Utc>,
+    /// The round's tenants, in the groups one statement claims together.
+    pub groups: Vec<Vec<Uuid>>,
+    /// Known tenants this round does not visit: more may be due now.
+    pub more: bool,
+    visit: Visit,
+}
+
+impl Start {
+    /// How many tenants the round visits.
+    pub fn tenants(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
 }
 
 impl DueTenants {
-    /// The strategy for tables laid out as `layout`.
-    pub fn for_layout(layout: Layout) -> Self {
-        (layout.pick(&STRATEGIES))()
-    }
-
-    fn walk() -> Self {
-        Self::Walk {
-            cursor: tokio::sync::Mutex::new(Uuid::nil()),
+    /// The tenants the next round visits, at most `n`, and the database's time; none
+    /// when this relay knows of no tenant with due events (the round asks nothing of
+    /// the database).
+    pub async fn start(&self, c: &mut Sql<'_>, n: usize) -> sqlx::Result<Option<Start>> {
+        let mut visit = self.known.visit(n.clamp(1, TENANTS_PER_ROUND));
+        let unreachable = self.known.unreachable();
+        if !unreachable.is_empty() && !visit.tenants.is_empty() {
+            // Their claims would wait on a worker that does not answer.
+            let tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
+            let reachable =
+                db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await?;
+            visit.tenants.retain(|(t, _)| reachable.contains(t));
         }
-    }
-
-    fn known() -> Self {
-        Self::Known(Arc::new(KnownTenants::default()))
-    }
-
-    /// Which tenants the next round visits, and the database's time.
-    pub async fn start(&self, c: &mut Sql<'_>) -> sqlx::Result<Start> {
-        let per_round = store::FAIR_TENANTS_PER_CLAIM;
-        match self {
-            Self::Walk { cursor } => {
-                let mut cursor = cursor.lock().await;
-                let round = store::pending_tenants(c, *cursor, per_round).await?;
-                if let Some(last) = round.tenants.last() {
-                    *cursor = *last;
-                }
-                Ok(Start { round, visit: None })
-            }
-            Self::Known(known) => {
-                let mut visit = known.visit(per_round as usize);
-                let unreachable = known.unreachable();
-                if !unreachable.is_empty() && !visit.tenants.is_empty() {
-                    // Their claims would wait on a worker that does not answer.
-                    let tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
-                    let reachable =
-                        db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await?;
-                    visit.tenants.retain(|(t, _)| reachable.contains(t));
-                }
-                let now = store::round_time(c).await?;
-                let tenants = visit.tenants.iter().map(|(t, _)| *t).collect();
-                Ok(Start {
-                    round: RoundStart { now, tenants },
-                    visit: Some(visit),
-                })
-            }
+        if visit.tenants.is_empty() {
+            return Ok(None);
         }
+        let tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
+        let more = self.known.len() > tenants.len();
+        let (now, groups) = match c.layout().pick(&GROUPINGS) {
+            Grouping::All => (store::round_time(c).await?, vec![tenants]),
+            Grouping::ByShard => {
+                let (now, shards) = store::round_shards(c, &tenants).await?;
+                (now, by_shard(&tenants, &shards))
+            }
+        };
+        Ok(Some(Start {
+            now,
+            groups,
+            more,
+            visit,
+        }))
     }
 
     /// After a round's claim: the tenants that had nothing to claim or park are
     /// forgotten, unless named again since the round began.
     pub fn claimed(&self, start: &Start, had_nothing: &[Uuid]) {
-        if let (Self::Known(known), Some(visit)) = (self, &start.visit) {
-            for (tenant, generation) in &visit.tenants {
-                if had_nothing.contains(tenant) {
-                    known.had_nothing(*tenant, *generation);
+        for (tenant, generation) in &start.visit.tenants {
+            if had_nothing.contains(tenant) {
+                self.known.had_nothing(*tenant, *generation);
+            }
+        }
+    }
+
+    /// A mark brought the next events of `tenants`' orders back into the due range.
+    pub fn woken(&self, tenants: Vec<Uuid>) {
+        self.known.name(tenants);
+    }
+
+    /// What the relay's listening session heard: a notification names the tenants
+    /// whose events committed; a session lost or regained means the table must be
+    /// looked at in full (notifications in between may be lost), and so does a
+    /// notification that names no tenant (a trigger of an earlier release).
+    pub fn heard(&self, heard: &Heard<'_>) {
+        match heard {
+            Heard::Notified(payload) => {
+                let tenants = wake::tenants_of(payload);
+                if tenants.is_empty() {
+                    self.known.look_again();
+                } else {
+                    self.known.name(tenants);
                 }
             }
+            Heard::Listening | Heard::Lost => self.known.look_again(),
         }
     }
 
-    /// What the relay's listening session heard: on distributed tables the writers'
-    /// notifications name their tenants, and a session lost or regained means the table
-    /// must be looked at (notifications in between may be lost).
-    pub fn heard(&self, heard: &Heard<'_>) {
-        if let Self::Known(known) = self {
-            match heard {
-                Heard::Notified(payload) => known.name(wake::tenants_of(payload)),
-                Heard::Listening | Heard::Lost => known.look_again(),
-            }
-        }
-    }
-
-    /// Starts the strategy's side job under `parts`: the statistics check (when
-    /// `analyze`; once first, before any round) or the look at the table every `poll`.
-    pub async fn start_side_job(
+    /// Starts the strategy's side jobs under `parts`: the look at the table every
+    /// `poll`, and on one server (with `analyze`) the statistics check, once first,
+    /// before any round.
+    pub async fn start_side_jobs(
         &self,
         parts: &Supervisor,
         db: &Db,
@@ -132,36 +152,43 @@ impl DueTenants {
         wake: &Arc<Notify>,
         poll: Duration,
     ) {
-        match self {
-            Self::Walk { .. } if analyze => {
-                // Once before the first round (a backlog laid down while no relay ran
-                // would otherwise meet stale plans first), then beside the lanes, not
-                // in them: a lane that waited for it would start its next round in step
-                // with the other lane's.
-                statistics::check(db).await;
-                let db = db.clone();
-                parts.spawn("outbox statistics", move |token| {
-                    statistics::keep_current(db, token)
-                });
-            }
-            Self::Walk { .. } => {}
-            Self::Known(known) => {
-                let (db, known, wake) = (db.clone(), known.clone(), wake.clone());
-                parts.spawn("outbox look", move |token| {
-                    look(db, known, wake, poll, token)
-                });
-            }
+        if analyze && db.layout().pick(&KEEPS_STATISTICS) {
+            // Once before the first round (a backlog laid down while no relay ran
+            // would otherwise meet stale plans first), then beside the lanes, not in
+            // them: a lane that waited for it would start its next round in step with
+            // the other lane's.
+            statistics::check(db).await;
+            let db = db.clone();
+            parts.spawn("outbox statistics", move |token| {
+                statistics::keep_current(db, token)
+            });
         }
+        let (db, known, wake) = (db.clone(), self.known.clone(), wake.clone());
+        parts.spawn("outbox look", move |token| {
+            look(db, known, wake, poll, token)
+        });
     }
 }
 
-/// On a distributed database, looks at the table for tenants with due events (see
-/// `known`): first thing, at every poll, and whenever the listening session was lost
-/// or regained. A job of its own, beside the lanes: a look reads every due row and
-/// waits up to [`db::NODE_CONNECT_TIMEOUT`] for a worker that does not answer, and a
-/// lane that looked would hold every tenant's events back meanwhile. What it finds
-/// wakes the lanes; the workers it could not read are left alone by the rounds until
-/// a look reads them again.
+/// `tenants` grouped by their `shards` (in the same order), in the order each shard
+/// first appears.
+fn by_shard(tenants: &[Uuid], shards: &[i64]) -> Vec<Vec<Uuid>> {
+    let mut groups: Vec<(i64, Vec<Uuid>)> = Vec::new();
+    for (tenant, shard) in tenants.iter().zip(shards) {
+        match groups.iter_mut().find(|(s, _)| s == shard) {
+            Some((_, group)) => group.push(*tenant),
+            None => groups.push((*shard, vec![*tenant])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Looks at the table for tenants whose events fell due (see `known`): first thing
+/// and at every poll. A job of its own, beside the lanes: on a distributed database a
+/// look waits up to [`db::NODE_CONNECT_TIMEOUT`] for a worker that does not answer, and
+/// a lane that looked would hold every tenant's events back meanwhile. What it finds
+/// wakes the lanes; the workers it could not read are left alone by the rounds until a
+/// look reads them again.
 async fn look(
     db: Db,
     known: Arc<KnownTenants>,
@@ -170,12 +197,19 @@ async fn look(
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        if known.take_look(poll) {
-            match db.run(async |c| store::due_tenants(c).await).await {
+        if let Some(from) = known.take_look(poll) {
+            let after = match from {
+                LookFrom::Everything => None,
+                LookFrom::After(at) => Some(at),
+            };
+            match db.run(async |c| store::due_tenants(c, after).await).await {
                 Ok(found) => {
-                    known.name(found.start.tenants);
+                    let any = !found.tenants.is_empty();
+                    known.found(found.tenants, found.at);
                     known.set_unreachable(found.unreachable);
-                    wake.notify_one();
+                    if any {
+                        wake.notify_one();
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot look for tenants with due events; looking again after the poll interval");
@@ -194,5 +228,17 @@ async fn look(
             _ = known.look_asked() => {}
             _ = shutdown.cancelled() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_s_tenants_are_grouped_by_shard_in_the_order_they_come() {
+        let t: Vec<Uuid> = (1..=5).map(Uuid::from_u128).collect();
+        let groups = by_shard(&t, &[7, 3, 7, 9, 3]);
+        assert_eq!(groups, vec![vec![t[0], t[2]], vec![t[1], t[4]], vec![t[3]]]);
     }
 }

@@ -1,29 +1,51 @@
-//! The tenants a relay knows to have pending events, where it cannot walk them in the
-//! table: on a distributed database (Citus) the walk over the pending index
-//! (`store::PENDING_TENANTS`, a recursive loose scan) is a query Citus does not run
-//! across shards, and every statement that would find the tenants instead reads all
-//! their due rows.
+//! The tenants a relay knows to have due events: a round visits them, and never walks
+//! the tenants of the table, so that its cost follows the events that are due and not
+//! the tenants that have some pending (thousands may be waiting out a backoff, or
+//! behind a DEAD event, and cost nothing until their events fall due).
 //!
-//! So the relay learns them: from the writers' notifications, which name the tenants
-//! whose events committed (`wake`), and from a look at the table
-//! (`store::due_tenants`, worker by worker, in a task of the relay's own) when it
-//! starts, whenever its listening session was (re)established, and at every poll,
-//! which finds what no notification named (a backoff that ran out, a notification lost
-//! to a crash). The workers a look could not read are remembered until one reads them
-//! again, and rounds leave their tenants alone meanwhile. A round visits the known
-//! tenants from where the previous round stopped, as the walk does, and forgets a
-//! tenant that had nothing due, unless it was named again meanwhile (each naming moves
-//! its generation on, and only the generation the round saw is forgotten).
+//! The relay learns them two ways:
+//!
+//! - **Named.** Every insert names its tenants in the notification that wakes the
+//!   relays (the insert trigger on one server, the writers on a distributed database:
+//!   `wake`); a mark that brings an order's next event back names its tenant to its own
+//!   relay; a re-drive names its tenants.
+//! - **Found.** A look at the table finds the tenants whose events fell due since the
+//!   previous look (a backoff that ran out, a parked row, a lease a dead relay left), a
+//!   range of the index by due time (`store::due_tenants`), in a job of the relay's
+//!   own: at every poll, from a little before where the previous look stopped. A look
+//!   at everything due runs first, whenever the listening session was lost or
+//!   regained (notifications in between may be lost), and every [`FULL_LOOK_EVERY`].
+//!
+//! Each round visits up to `n` of them from where the previous round stopped, named
+//! tenants first (a quiet tenant's new event goes out in the next round however many
+//! tenants the looks found) but with a quarter of the round kept for found ones, so
+//! neither kind waits on the other. A tenant that had nothing to claim or park is
+//! forgotten, unless it was named again meanwhile (each naming moves its generation
+//! on, and only the generation the round saw is forgotten). The workers a look could
+//! not read are remembered until one reads them again, and rounds leave their tenants
+//! alone meanwhile.
 
 use std::{
     collections::BTreeMap,
+    ops::Bound,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-/// Tenants with pending events, as this relay heard of them.
+/// How far before the previous look's time a look begins: a row given a due time by a
+/// transaction that committed after that time had passed (a claim's lease written by a
+/// stalled statement) is still found, if it committed within this.
+pub const LOOK_BACK: Duration = Duration::from_secs(5);
+
+/// How often a look reads everything due rather than what fell due since the last:
+/// the bound on how long a row can wait that no notification named and whose due time
+/// passed before it committed, longer than [`LOOK_BACK`].
+pub const FULL_LOOK_EVERY: Duration = Duration::from_secs(60);
+
+/// Tenants with due events, as this relay heard of them.
 #[derive(Debug, Default)]
 pub struct KnownTenants {
     inner: Mutex<Inner>,
@@ -34,17 +56,50 @@ pub struct KnownTenants {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Each tenant with the generation of its latest naming.
-    tenants: BTreeMap<Uuid, u64>,
+    /// Named tenants, each with the generation of its latest naming.
+    named: Lane,
+    /// Found tenants (not named since).
+    found: Lane,
     generation: u64,
-    /// Where the next round starts: after this tenant.
-    cursor: Uuid,
     /// When the table was last looked at; none: it must be (at start, after a lost
     /// session).
     looked: Option<Instant>,
+    /// The database's time the last look judged by; none: never looked.
+    looked_up_to: Option<DateTime<Utc>>,
+    /// The next look reads everything due (notifications may have been missed).
+    in_full: bool,
+    /// When the last look at everything due began.
+    looked_in_full: Option<Instant>,
     /// The workers the last look could not read (`host:port`): rounds leave their
     /// tenants alone until a look reads them again, instead of waiting on them.
     unreachable: Vec<String>,
+}
+
+/// Tenants visited in turn, from after a cursor.
+#[derive(Debug, Default)]
+struct Lane {
+    tenants: BTreeMap<Uuid, u64>,
+    cursor: Uuid,
+}
+
+impl Lane {
+    /// Up to `n` tenants from the cursor on (wrapping round), moving the cursor past
+    /// them, and leaving out those in `taken`.
+    fn visit(&mut self, n: usize, taken: &[(Uuid, u64)]) -> Vec<(Uuid, u64)> {
+        let cursor = self.cursor;
+        let visit: Vec<(Uuid, u64)> = self
+            .tenants
+            .range((Bound::Excluded(cursor), Bound::Unbounded))
+            .chain(self.tenants.range(..=cursor))
+            .filter(|(t, _)| !taken.iter().any(|(other, _)| other == *t))
+            .take(n)
+            .map(|(t, g)| (*t, *g))
+            .collect();
+        if let Some((last, _)) = visit.last() {
+            self.cursor = *last;
+        }
+        visit
+    }
 }
 
 /// The tenants one round visits, with the generations it saw.
@@ -53,20 +108,49 @@ pub struct Visit {
     pub tenants: Vec<(Uuid, u64)>,
 }
 
+/// Which look is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookFrom {
+    /// At everything due.
+    Everything,
+    /// At what fell due after this database time.
+    After(DateTime<Utc>),
+}
+
 impl KnownTenants {
-    /// `tenants` have pending events.
+    /// `tenants` have new due events.
     pub fn name(&self, tenants: impl IntoIterator<Item = Uuid>) {
         let mut inner = self.lock();
         for tenant in tenants {
             inner.generation += 1;
             let generation = inner.generation;
-            inner.tenants.insert(tenant, generation);
+            inner.found.tenants.remove(&tenant);
+            inner.named.tenants.insert(tenant, generation);
         }
     }
 
-    /// Notifications may have been missed: the table is looked at now.
+    /// A look found `tenants` with due events, judging by the database's time `at`.
+    pub fn found(&self, tenants: impl IntoIterator<Item = Uuid>, at: DateTime<Utc>) {
+        let mut inner = self.lock();
+        for tenant in tenants {
+            inner.generation += 1;
+            let generation = inner.generation;
+            if let Some(named) = inner.named.tenants.get_mut(&tenant) {
+                *named = generation;
+            } else {
+                inner.found.tenants.insert(tenant, generation);
+            }
+        }
+        inner.looked_up_to = Some(at);
+    }
+
+    /// Notifications may have been missed: the table is looked at in full now.
     pub fn look_again(&self) {
-        self.lock().looked = None;
+        {
+            let mut inner = self.lock();
+            inner.looked = None;
+            inner.in_full = true;
+        }
         self.look.notify_one();
     }
 
@@ -85,46 +169,72 @@ impl KnownTenants {
         self.lock().unreachable.clone()
     }
 
-    /// Whether the table should be looked at now (never looked yet, after a lost
-    /// session, or `every` since the last look began), taking the look when it should.
-    /// The caller names what the look found, or calls [`KnownTenants::look_again`] when
-    /// it failed.
-    pub fn take_look(&self, every: Duration) -> bool {
+    /// Which look is due now, if one is (never looked yet, after a lost session, or
+    /// `every` since the last look began), taking it. The caller reports what the look
+    /// found ([`KnownTenants::found`]), or calls [`KnownTenants::look_again`] when it
+    /// failed.
+    pub fn take_look(&self, every: Duration) -> Option<LookFrom> {
         let mut inner = self.lock();
         let due = inner.looked.is_none_or(|at| at.elapsed() >= every);
-        if due {
-            inner.looked = Some(Instant::now());
+        if !due {
+            return None;
         }
-        due
+        let now = Instant::now();
+        inner.looked = Some(now);
+        let in_full = std::mem::take(&mut inner.in_full)
+            || inner
+                .looked_in_full
+                .is_none_or(|at| at.elapsed() >= FULL_LOOK_EVERY);
+        match inner.looked_up_to {
+            Some(up_to) if !in_full => Some(LookFrom::After(
+                up_to - chrono::TimeDelta::from_std(LOOK_BACK).unwrap_or_default(),
+            )),
+            _ => {
+                inner.looked_in_full = Some(now);
+                Some(LookFrom::Everything)
+            }
+        }
     }
 
-    /// Up to `n` known tenants from the cursor on (wrapping round), moving the cursor
-    /// past them.
+    /// Up to `n` known tenants for a round: named ones first, from where the previous
+    /// round stopped, with a quarter of the round (at least one) kept for found ones;
+    /// what either kind leaves goes to the other.
     pub fn visit(&self, n: usize) -> Visit {
         let mut inner = self.lock();
-        let cursor = inner.cursor;
-        let tenants: Vec<(Uuid, u64)> = inner
-            .tenants
-            .range((
-                std::ops::Bound::Excluded(cursor),
-                std::ops::Bound::Unbounded,
-            ))
-            .chain(inner.tenants.range(..=cursor))
-            .take(n)
-            .map(|(t, g)| (*t, *g))
-            .collect();
-        if let Some((last, _)) = tenants.last() {
-            inner.cursor = *last;
-        }
+        let inner = &mut *inner;
+        let kept = if inner.found.tenants.is_empty() {
+            0
+        } else {
+            (n / 4).max(1)
+        };
+        let mut tenants = inner.found.visit(kept.min(n), &[]);
+        let named = inner.named.visit(n - tenants.len(), &tenants);
+        tenants.extend(named);
+        let more = inner.found.visit(n - tenants.len(), &tenants);
+        tenants.extend(more);
         Visit { tenants }
     }
 
+    /// How many tenants this relay knows to have due events.
+    pub fn len(&self) -> usize {
+        let inner = self.lock();
+        inner.named.tenants.len() + inner.found.tenants.len()
+    }
+
+    /// Whether it knows none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// `tenant` had nothing due when the round that saw `generation` claimed it:
-    /// forgotten, unless named since.
+    /// forgotten, unless named or found since.
     pub fn had_nothing(&self, tenant: Uuid, generation: u64) {
         let mut inner = self.lock();
-        if inner.tenants.get(&tenant) == Some(&generation) {
-            inner.tenants.remove(&tenant);
+        let inner = &mut *inner;
+        for lane in [&mut inner.named, &mut inner.found] {
+            if lane.tenants.get(&tenant) == Some(&generation) {
+                lane.tenants.remove(&tenant);
+            }
         }
     }
 
@@ -141,15 +251,17 @@ mod tests {
         (1..=n).map(Uuid::from_u128).collect()
     }
 
+    fn visited(known: &KnownTenants, n: usize) -> Vec<Uuid> {
+        known.visit(n).tenants.iter().map(|t| t.0).collect()
+    }
+
     #[test]
     fn rounds_take_turns_along_the_tenants_and_wrap() {
         let known = KnownTenants::default();
         known.name(ids(5));
-        let first: Vec<Uuid> = known.visit(3).tenants.iter().map(|t| t.0).collect();
-        assert_eq!(first, ids(3));
-        let second: Vec<Uuid> = known.visit(3).tenants.iter().map(|t| t.0).collect();
+        assert_eq!(visited(&known, 3), ids(3));
         assert_eq!(
-            second,
+            visited(&known, 3),
             vec![Uuid::from_u128(4), Uuid::from_u128(5), Uuid::from_u128(1)]
         );
     }
@@ -164,21 +276,52 @@ mod tests {
         for (tenant, generation) in &visit.tenants {
             known.had_nothing(*tenant, *generation);
         }
-        let left: Vec<Uuid> = known.visit(5).tenants.iter().map(|t| t.0).collect();
-        assert_eq!(left, vec![Uuid::from_u128(1)]);
+        assert_eq!(visited(&known, 5), vec![Uuid::from_u128(1)]);
     }
 
     #[test]
-    fn the_table_is_looked_at_first_after_a_loss_and_at_every_poll() {
+    fn a_named_tenant_goes_in_the_next_round_beside_thousands_found() {
         let known = KnownTenants::default();
-        let poll = Duration::from_secs(3600);
-        assert!(known.take_look(poll), "before the first look");
-        assert!(
-            !known.take_look(poll),
-            "one round takes the look, the next does not"
+        let found: Vec<Uuid> = (1000..21_000).map(Uuid::from_u128).collect();
+        known.found(found, Utc::now());
+        let quiet = Uuid::from_u128(7);
+        known.name([quiet]);
+        let round = visited(&known, 100);
+        assert_eq!(round.len(), 100);
+        assert!(round.contains(&quiet));
+        // A quarter is kept for found tenants, however many are named.
+        known.name((100_000..100_500).map(Uuid::from_u128));
+        let round = visited(&known, 100);
+        let found_in_round = round.iter().filter(|t| t.as_u128() < 21_000).count();
+        assert_eq!(found_in_round, 25);
+    }
+
+    #[test]
+    fn a_tenant_is_visited_once_per_round_even_when_few_are_known() {
+        let known = KnownTenants::default();
+        known.name(ids(2));
+        known.found([Uuid::from_u128(9)], Utc::now());
+        let mut round = visited(&known, 10);
+        round.sort();
+        assert_eq!(
+            round,
+            vec![Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(9)]
         );
+    }
+
+    #[test]
+    fn a_look_reads_everything_first_and_after_a_loss_then_what_fell_due_since() {
+        let known = KnownTenants::default();
+        let poll = Duration::ZERO;
+        assert_eq!(known.take_look(poll), Some(LookFrom::Everything));
+        let at = Utc::now();
+        known.found([], at);
+        let back = chrono::TimeDelta::from_std(LOOK_BACK).unwrap();
+        assert_eq!(known.take_look(poll), Some(LookFrom::After(at - back)));
         known.look_again();
-        assert!(known.take_look(poll), "after a loss");
-        assert!(known.take_look(Duration::ZERO), "at every poll");
+        assert_eq!(known.take_look(poll), Some(LookFrom::Everything));
+        let hour = Duration::from_secs(3600);
+        known.found([], at);
+        assert_eq!(known.take_look(hour), None, "not before the poll");
     }
 }

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::settings::OutboxConfig;
 use super::{
     backoff::Backoff,
-    due::DueTenants,
+    due::{DueTenants, Start},
     event::TypeLabel,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
@@ -53,11 +53,10 @@ pub struct Round {
     pub pause: Option<Duration>,
     /// Due events set aside until an earlier event of their order is published.
     pub parked: usize,
-    /// The round visited as many tenants as a round may: others, after them in the
-    /// walk, may have events due now. A backlog spread thinly over many tenants (one
-    /// event each, as a re-drive or a busy hour of many small tenants leaves it) fills
-    /// only a fraction of each batch, and without this the lane would wait for the
-    /// poll after every round of it.
+    /// The relay knows of tenants with due events that the round did not visit. A
+    /// backlog spread thinly over many tenants (one event each, as a re-drive or a busy
+    /// hour of many small tenants leaves it) fills only a fraction of each batch, and
+    /// without this the lane would wait for the poll after every round of it.
     pub more_tenants: bool,
 }
 
@@ -75,7 +74,7 @@ pub struct Relay {
     listen: bool,
     /// Consecutive rounds whose calls all failed as a whole: the relay's own backoff.
     failed_rounds: AtomicU32,
-    /// Where a round finds the tenants with due events (one strategy per layout).
+    /// The tenants with due events this relay knows of.
     tenants: DueTenants,
 }
 
@@ -99,7 +98,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             listen: true,
             failed_rounds: AtomicU32::new(0),
-            tenants: DueTenants::for_layout(db.layout()),
+            tenants: DueTenants::default(),
             db,
         }
     }
@@ -118,8 +117,8 @@ impl Relay {
     /// per consecutive failed round, and the events wait without being charged.
     ///
     /// Its parts run as jobs of a supervisor of its own, which ends with it: the
-    /// listening session, the publisher's watch, and the tenant strategy's side job
-    /// (the statistics check on one server, the look at the table on distributed ones).
+    /// listening session, the publisher's watch, the look at the table for tenants
+    /// whose events fell due, and on one server the statistics check.
     pub async fn run(self, shutdown: CancellationToken) {
         let relay = Arc::new(self);
         let parts = Supervisor::under(&shutdown);
@@ -134,7 +133,7 @@ impl Relay {
         }
         relay
             .tenants
-            .start_side_job(
+            .start_side_jobs(
                 &parts,
                 &relay.db,
                 relay.config.analyze,
@@ -247,17 +246,16 @@ impl Relay {
         let claimed = self
             .db
             .run(async |c| {
-                let start = self.tenants.start(c).await?;
-                let round = &start.round;
-                let more_tenants = round.tenants.len() >= store::FAIR_TENANTS_PER_CLAIM as usize;
+                let Some(start) = self.tenants.start(c, batch_size as usize).await? else {
+                    return Ok(None);
+                };
                 let (claimed, had_nothing) =
-                    claim_fairly(c, round, batch_size, lease_ms, claim).await?;
+                    claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
                 self.tenants.claimed(&start, &had_nothing);
-                Ok::<_, sqlx::Error>((round.now, claimed, more_tenants))
+                Ok::<_, sqlx::Error>(Some((start.now, claimed, start.more, start.groups)))
             })
-            .await;
-        metrics::claim_duration(claiming.elapsed().as_secs_f64());
-        let (
+            .await?;
+        let Some((
             now,
             store::Claimed {
                 events: batch,
@@ -265,7 +263,13 @@ impl Relay {
                 parked,
             },
             more_tenants,
-        ) = claimed?;
+            groups,
+        )) = claimed
+        else {
+            // No tenant known to have due events: nothing was asked of the database.
+            return Ok(Round::default());
+        };
+        metrics::claim_duration(claiming.elapsed().as_secs_f64());
         if !unreadable.is_empty() {
             self.set_aside(&unreadable, claim).await?;
         }
@@ -334,22 +338,28 @@ impl Relay {
             }
         }
         // Mark published rows first: the sooner they are marked, the sooner the next
-        // event of each order may go. The tenants with the fewest go first, so that a
-        // quiet tenant's event is out before the share a backlog had in the same round.
-        let mut published_by_tenant = by_tenant(&published, |e| e.0);
-        published_by_tenant.sort_by_key(|(_, events)| events.len());
-        self.db
+        // event of each order may go. One statement for the round's events (one per
+        // shard on a distributed database).
+        let woken = self
+            .db
             .run(async |c| {
-                for (tenant, events) in &published_by_tenant {
-                    let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
-                    store::mark_published(c, *tenant, &ids, claim, now).await?;
+                let mut woken = Vec::new();
+                for group in &groups {
+                    let events: Vec<(Uuid, Uuid)> = published
+                        .iter()
+                        .filter(|(tenant, _)| group.contains(tenant))
+                        .copied()
+                        .collect();
+                    woken.extend(store::mark_published(c, &events, claim, now).await?.woken);
                 }
                 for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
                     store::mark_failed(c, tenant, &failures, claim, now).await?;
                 }
-                Ok::<_, sqlx::Error>(())
+                Ok::<_, sqlx::Error>(woken)
             })
             .await?;
+        // Their orders' next events are due now: visited in the next round.
+        self.tenants.woken(woken);
         if not_sent.is_empty() || !published.is_empty() {
             // The bus answers: whatever failed before is over.
             self.failed_rounds.store(0, Ordering::Relaxed);
@@ -416,52 +426,70 @@ impl Relay {
     }
 }
 
-/// Claims up to `batch` due events of the round's tenants, one statement per tenant:
-/// each gets an equal share first (so one tenant's backlog cannot crowd out another's
-/// few events), then what the shares left of the batch goes, in the walk's order, to the
-/// tenants that filled theirs and may have more (so a lone backlog still drains in full
-/// batches).
+/// Claims up to `batch` due events of the round's tenants, one statement for each
+/// group of them (all of them on one server, each shard's on a distributed database):
+/// each tenant gets an equal share first (so one tenant's backlog cannot crowd out
+/// another's few events), then what the shares left of the batch is shared out among
+/// the tenants that filled theirs and may have more (so a lone backlog still drains in
+/// full batches). Rows that must wait are parked for the tenants that came back short.
 ///
 /// Also says which tenants had nothing to claim and nothing to park.
 async fn claim_fairly(
     sql: &mut Sql<'_>,
-    start: &store::RoundStart,
+    start: &Start,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<(store::Claimed, Vec<Uuid>)> {
     let mut claimed = store::Claimed::default();
     let mut had_nothing = Vec::new();
-    if start.tenants.is_empty() {
-        return Ok((claimed, had_nothing));
-    }
-    let share = (batch / start.tenants.len() as i64).max(1);
-    let mut more = Vec::new();
-    let taken = |c: &store::Claimed| (c.events.len() + c.unreadable.len()) as i64;
-    for &tenant in &start.tenants {
+    let share = (batch / start.tenants().max(1) as i64).max(1);
+    let mut filled: Vec<Vec<Uuid>> = Vec::new();
+    for group in &start.groups {
+        let shares: Vec<(Uuid, i64)> = group.iter().map(|t| (*t, share)).collect();
         let Some((got, parked)) =
-            claim_one(sql, tenant, start.now, share, lease_ms, claim, true).await?
+            claim_group(sql, &shares, start.now, lease_ms, claim, true).await?
         else {
             continue;
         };
-        if taken(&got) == share {
-            more.push(tenant);
-        } else if parked == 0 && taken(&got) == 0 {
-            had_nothing.push(tenant);
-        }
-        claimed.parked += parked;
+        let taken = |tenant: &Uuid| taken_of(&got, *tenant);
+        filled.push(
+            group
+                .iter()
+                .filter(|t| taken(t) == share)
+                .copied()
+                .collect(),
+        );
+        had_nothing.extend(
+            group
+                .iter()
+                .filter(|t| taken(t) == 0 && !parked.contains(t))
+                .copied(),
+        );
+        claimed.parked += parked.len();
         claimed.absorb(got);
-        if taken(&claimed) >= batch {
-            return Ok((claimed, had_nothing));
-        }
     }
-    for tenant in more {
-        let left = batch - taken(&claimed);
-        if left <= 0 {
-            break;
+    let left = batch - (claimed.events.len() + claimed.unreadable.len()) as i64;
+    let more: usize = filled.iter().map(Vec::len).sum();
+    if left <= 0 || more == 0 {
+        return Ok((claimed, had_nothing));
+    }
+    // What is left, shared out evenly (the first ones one more each).
+    let (each, extra) = (left / more as i64, left % more as i64);
+    let mut nth = 0i64;
+    for group in filled {
+        let shares: Vec<(Uuid, i64)> = group
+            .into_iter()
+            .map(|tenant| {
+                nth += 1;
+                (tenant, each + i64::from(nth <= extra))
+            })
+            .filter(|(_, share)| *share > 0)
+            .collect();
+        if shares.is_empty() {
+            continue;
         }
-        if let Some((got, _)) =
-            claim_one(sql, tenant, start.now, left, lease_ms, claim, false).await?
+        if let Some((got, _)) = claim_group(sql, &shares, start.now, lease_ms, claim, false).await?
         {
             claimed.absorb(got);
         }
@@ -469,57 +497,68 @@ async fn claim_fairly(
     Ok((claimed, had_nothing))
 }
 
-/// How one tenant's part of a round's claim stands to the others'.
+/// How many rows of `tenant` a claim brought (events and unreadable rows).
+fn taken_of(claimed: &store::Claimed, tenant: Uuid) -> i64 {
+    let events = claimed.events.iter().filter(|e| e.tenant_id == tenant);
+    let unreadable = claimed.unreadable.iter().filter(|u| u.tenant_id == tenant);
+    (events.count() + unreadable.count()) as i64
+}
+
+/// How one group's part of a round's claim stands to the others'.
 #[derive(Clone, Copy, Debug)]
-enum TenantClaim {
+enum GroupClaim {
     /// Statements of the round: a failure is the database's, and fails the round.
     InTheRound,
     /// A transaction (or savepoint) of its own: a failure is its worker's, and leaves
-    /// only this tenant out of the round.
+    /// only this group's tenants out of the round.
     OnItsOwn,
 }
 
-/// The two forms of a tenant's part of a claim.
-const TENANT_CLAIMS: Forms<TenantClaim> = Forms {
-    one_server: TenantClaim::InTheRound,
-    distributed: TenantClaim::OnItsOwn,
+/// The two forms of a group's part of a claim.
+const GROUP_CLAIMS: Forms<GroupClaim> = Forms {
+    one_server: GroupClaim::InTheRound,
+    distributed: GroupClaim::OnItsOwn,
 };
 
-/// One tenant's claim of up to `limit` events and, with `park`, when it came back short,
-/// the park of what must wait (rows that must wait may stand in front of due ones).
+/// One group's claim of its `shares` and, with `park`, the park of what must wait for
+/// the tenants that came back short (rows that must wait may stand in front of due
+/// ones): what it claimed, and the tenant of each row parked.
 ///
-/// On a distributed database each tenant's part is a transaction (or savepoint) of its
-/// own, and one that fails is left out of the round (`None`): a worker that stopped
-/// answering fails only its own tenants' claims, and the round goes on with the
-/// others'. On one server a failure is the database's, and fails the round.
-async fn claim_one(
+/// On a distributed database each group (one shard's tenants) is a transaction (or
+/// savepoint) of its own, and one that fails is left out of the round (`None`): a
+/// worker that stopped answering fails only its own shards' claims, and the round goes
+/// on with the others'. On one server a failure is the database's, and fails the round.
+async fn claim_group(
     sql: &mut Sql<'_>,
-    tenant: Uuid,
+    shares: &[(Uuid, i64)],
     now: chrono::DateTime<chrono::Utc>,
-    limit: i64,
     lease_ms: i64,
     claim: Uuid,
     park: bool,
-) -> sqlx::Result<Option<(store::Claimed, usize)>> {
+) -> sqlx::Result<Option<(store::Claimed, Vec<Uuid>)>> {
     let work = async |sql: &mut Sql<'_>| {
-        let got = store::claim_tenant(sql, tenant, now, limit, lease_ms, claim).await?;
-        let taken = (got.events.len() + got.unreadable.len()) as i64;
-        let parked = if park && taken < limit {
-            store::park_tenant(sql, tenant, now, lease_ms).await? as usize
+        let got = store::claim_tenants(sql, shares, now, lease_ms, claim).await?;
+        let short: Vec<Uuid> = shares
+            .iter()
+            .filter(|(tenant, share)| taken_of(&got, *tenant) < *share)
+            .map(|(tenant, _)| *tenant)
+            .collect();
+        let parked = if park {
+            store::park_tenants(sql, &short, now, lease_ms).await?
         } else {
-            0
+            Vec::new()
         };
         Ok::<_, sqlx::Error>((got, parked))
     };
-    match sql.layout().pick(&TENANT_CLAIMS) {
-        TenantClaim::InTheRound => work(sql).await.map(Some),
-        TenantClaim::OnItsOwn => match sql
+    match sql.layout().pick(&GROUP_CLAIMS) {
+        GroupClaim::InTheRound => work(sql).await.map(Some),
+        GroupClaim::OnItsOwn => match sql
             .atomically(async |sql| work(sql).await.map(db::End::Commit))
             .await
         {
             Ok(done) => Ok(Some(done)),
             Err(e) => {
-                tracing::warn!(tenant = %tenant, error = %e, "cannot claim a tenant's events; the round goes on without them");
+                tracing::warn!(tenants = shares.len(), error = %e, "cannot claim a shard's tenants' events; the round goes on without them");
                 Ok(None)
             }
         },

@@ -10,9 +10,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
+use super::wake;
 use crate::db::{self, Forms, Scan, Sql};
 
-/// A claimed event, ready to publish: one row of [`CLAIM_TENANT`], read as it is.
+/// A claimed event, ready to publish: one row of [`CLAIM_TENANTS`], read as it is.
 #[derive(Debug, Clone, FromRow)]
 pub struct PendingEvent {
     pub tenant_id: Uuid,
@@ -66,167 +67,208 @@ impl Claimed {
 /// header without complaint.
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
-/// The claim's text with its tenant condition `$tenant` (see [`CLAIM_TENANT`] and
-/// [`CLAIM_TENANT_DISTRIBUTED`], whose forms differ only there).
-macro_rules! claim_tenant {
-    ($tenant:literal) => {
+/// What restricts the reference `$alias` of the table to the statement's tenants `$1`
+/// in the layout `$layout`: nothing on one server; `tenant_id = ANY ($1)` on a
+/// distributed one, which Citus runs as one shard's statement when all of `$1` hash
+/// into that shard.
+macro_rules! route {
+    (one_server, $alias:literal) => {
+        ""
+    };
+    (distributed, $alias:literal) => {
+        concat!(" AND ", $alias, ".tenant_id = ANY ($1)")
+    };
+}
+
+/// The claim's text in the layout `$layout` (see [`route`]).
+macro_rules! claim_tenants {
+    ($layout:ident) => {
         concat!("WITH candidates AS (
-         SELECT w.event_id
-         FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
-               FROM outbox_event e
-               WHERE ", $tenant, " AND e.status = 'PENDING'
-                 AND e.next_attempt_at <= $2
-               ORDER BY e.tenant_id, e.next_attempt_at
-               LIMIT $6
-               FOR UPDATE OF e SKIP LOCKED) w
-         WHERE NOT EXISTS (
-             SELECT 1 FROM outbox_event earlier
-             WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = w.aggregate_id
-               AND earlier.aggregate_seq < w.aggregate_seq AND earlier.status <> 'PUBLISHED')
-         LIMIT $3)
+         SELECT t.tenant_id, c.event_id
+         FROM unnest($1::uuid[], $3::bigint[]) AS t(tenant_id, share)
+         CROSS JOIN LATERAL (
+             SELECT w.event_id
+             FROM (SELECT e.event_id, e.aggregate_id, e.aggregate_seq
+                   FROM outbox_event e
+                   WHERE e.tenant_id >= t.tenant_id AND e.tenant_id <= t.tenant_id", route!($layout, "e"), "
+                     AND e.status = 'PENDING' AND e.next_attempt_at <= $2
+                   ORDER BY e.tenant_id, e.next_attempt_at
+                   LIMIT t.share + $6
+                   FOR UPDATE OF e SKIP LOCKED) w
+             WHERE NOT EXISTS (
+                 SELECT 1 FROM outbox_event earlier
+                 WHERE earlier.tenant_id = t.tenant_id", route!($layout, "earlier"), "
+                   AND earlier.aggregate_id = w.aggregate_id
+                   AND earlier.aggregate_seq < w.aggregate_seq AND earlier.status <> 'PUBLISHED')
+             LIMIT t.share) c)
      UPDATE outbox_event o
      SET next_attempt_at = $2 + $4 * interval '1 millisecond', claimed_by = $5
      FROM candidates c, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = $1 AND o.event_id = c.event_id
+     WHERE o.tenant_id = c.tenant_id", route!($layout, "o"), " AND o.event_id = c.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
                o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
                extract(epoch FROM $2 - o.occurred_at)::float8 AS age_secs, o.occurred_at")
     };
 }
 
-/// The park's text with its tenant condition `$tenant` (see [`PARK_TENANT`]).
-macro_rules! park_tenant {
-    ($tenant:literal) => {
+/// The park's text in the layout `$layout` (see [`route`]).
+macro_rules! park_tenants {
+    ($layout:ident) => {
         concat!("WITH scan AS (
-         SELECT e.event_id,
-                (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN '-infinity'::timestamptz
-                             ELSE max(earlier.next_attempt_at) END
-                 FROM outbox_event earlier
-                 WHERE earlier.tenant_id = $1 AND earlier.aggregate_id = e.aggregate_id
-                   AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
-         FROM outbox_event e
-         WHERE ", $tenant, " AND e.status = 'PENDING'
-           AND e.next_attempt_at <= $2
-         ORDER BY e.tenant_id, e.next_attempt_at
-         LIMIT $4
-         FOR UPDATE OF e SKIP LOCKED)
+         SELECT t.tenant_id, s.event_id, s.waits_until
+         FROM unnest($1::uuid[]) AS t(tenant_id)
+         CROSS JOIN LATERAL (
+             SELECT e.event_id,
+                    (SELECT CASE WHEN bool_or(earlier.status = 'DEAD') THEN '-infinity'::timestamptz
+                                 ELSE max(earlier.next_attempt_at) END
+                     FROM outbox_event earlier
+                     WHERE earlier.tenant_id = t.tenant_id", route!($layout, "earlier"), "
+                       AND earlier.aggregate_id = e.aggregate_id
+                       AND earlier.aggregate_seq < e.aggregate_seq AND earlier.status <> 'PUBLISHED') AS waits_until
+             FROM outbox_event e
+             WHERE e.tenant_id >= t.tenant_id AND e.tenant_id <= t.tenant_id", route!($layout, "e"), "
+               AND e.status = 'PENDING' AND e.next_attempt_at <= $2
+             ORDER BY e.tenant_id, e.next_attempt_at
+             LIMIT $4
+             FOR UPDATE OF e SKIP LOCKED) s)
      UPDATE outbox_event o
      SET next_attempt_at = greatest(s.waits_until, $2 + $3 * interval '1 millisecond')
      FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-     WHERE o.tenant_id = $1 AND o.event_id = s.event_id AND s.waits_until IS NOT NULL")
+     WHERE o.tenant_id = s.tenant_id", route!($layout, "o"), " AND o.event_id = s.event_id AND s.waits_until IS NOT NULL
+     RETURNING o.tenant_id")
     };
 }
 
-/// The tenants that have PENDING events, at most `$2` of them, in tenant-id order from
-/// just after `$1` (where the relay's previous round stopped) around to the lowest and
-/// on, each once; and the database's time, read once for the whole round.
-///
-/// A loose index scan: one probe of `outbox_event_pending_by_tenant` per tenant, so
-/// its cost is the number of tenants visited, not their backlogs. The walk goes on
-/// from where the last one stopped rather than from a random point: a random start
-/// lands in the gaps between ids, and tenant ids that are close together (sequential,
-/// or time-ordered like UUIDv7) sit in one gap, so the same few tenants came first
-/// every time. A cursor that moves on visits every tenant in turn however the ids are
-/// spread. No lock is taken.
-pub const PENDING_TENANTS: &str = "WITH RECURSIVE tenants(tenant_id, n, first) AS (
-         SELECT t.tenant_id, 1, t.tenant_id
-         FROM (SELECT coalesce(
-                   (SELECT p.tenant_id FROM outbox_event p
-                    WHERE p.status = 'PENDING' AND p.tenant_id > $1 ORDER BY p.tenant_id LIMIT 1),
-                   (SELECT p.tenant_id FROM outbox_event p
-                    WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)) AS tenant_id) t
-         UNION ALL
-         SELECT coalesce(
-                    (SELECT p.tenant_id FROM outbox_event p
-                     WHERE p.status = 'PENDING' AND p.tenant_id > t.tenant_id ORDER BY p.tenant_id LIMIT 1),
-                    (SELECT p.tenant_id FROM outbox_event p
-                     WHERE p.status = 'PENDING' ORDER BY p.tenant_id LIMIT 1)),
-                t.n + 1, t.first
-         FROM tenants t
-         WHERE t.tenant_id IS NOT NULL AND t.n < $2 AND (t.n = 1 OR t.tenant_id <> t.first))
-     SELECT clock_timestamp() AS now,
-            array(SELECT tenant_id FROM tenants
-                  WHERE tenant_id IS NOT NULL AND (n = 1 OR tenant_id <> first)
-                  ORDER BY n) AS tenants";
+/// The mark's text in the layout `$layout` (see [`route`]; here `$1` holds each marked
+/// event's tenant).
+macro_rules! mark_published {
+    ($layout:ident) => {
+        concat!(
+            "WITH marked AS (
+         UPDATE outbox_event o
+         SET status = 'PUBLISHED', published_at = $4, last_error = NULL
+         FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id),
+              (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+         WHERE o.tenant_id = p.tenant_id",
+            route!($layout, "o"),
+            " AND o.event_id = p.event_id
+           AND (o.status = 'PENDING') IS TRUE AND o.claimed_by = $3
+         RETURNING o.tenant_id, o.aggregate_id),
+     next AS (
+         SELECT m.tenant_id, n.event_id, n.status, n.next_attempt_at
+         FROM (SELECT DISTINCT tenant_id, aggregate_id FROM marked) m
+         CROSS JOIN LATERAL (
+             SELECT e.event_id, e.status, e.next_attempt_at
+             FROM outbox_event e
+             WHERE e.tenant_id = m.tenant_id",
+            route!($layout, "e"),
+            " AND e.aggregate_id = m.aggregate_id
+               AND e.status <> 'PUBLISHED' AND e.event_id <> ALL ($2)
+             ORDER BY e.aggregate_seq
+             LIMIT 1) n),
+     woken AS (
+         UPDATE outbox_event o SET next_attempt_at = $4
+         FROM next
+         WHERE o.tenant_id = next.tenant_id",
+            route!($layout, "o"),
+            " AND o.event_id = next.event_id
+           AND next.status = 'PENDING' AND next.next_attempt_at <> $4
+         RETURNING o.tenant_id)
+     SELECT (SELECT count(*) FROM marked),
+            array(SELECT DISTINCT tenant_id FROM woken) AS woken"
+        )
+    };
+}
 
-/// Up to `$3` due events of tenant `$1`, each the oldest unpublished event of its
-/// order, leased until `$2` plus `$4` milliseconds to the relay round `$5` (its claim,
-/// which fences what it records afterwards). `$2` is the database's time as the round
-/// read it ([`PENDING_TENANTS`]).
+/// Up to `$3[i]` due events of each tenant `$1[i]` (a share each), each the oldest
+/// unpublished event of its order, leased until `$2` plus `$4` milliseconds to the
+/// relay round `$5` (its claim, which fences what it records afterwards). `$2` is the
+/// database's time as the round read it. One statement for the round's tenants, however
+/// many: a round's cost is its events and its tenants' index probes, not one statement
+/// (and one round trip) per tenant.
 ///
-/// One tenant per statement, and the due rows bounded as an index range: the tenant
-/// and `next_attempt_at <= $2` on `outbox_event_pending_by_tenant`, read in that index's
-/// order (the tenant written as a range, `>=` and `<=`: given `=`, the planner may
-/// drop the tenant from the order and walk the pending rows of every tenant by time,
-/// which it did where it believed few rows were pending), with `$2` a
-/// value, not `clock_timestamp()` (a volatile call is a filter the planner cannot
-/// bound, and a backlog in retry backoff was then read on every claim). Rows are
-/// locked and updated by their primary key.
+/// Each tenant's due rows are an index range: the tenant and `next_attempt_at <= $2` on
+/// `outbox_event_pending_by_tenant`, read in that index's order (the tenant written as a
+/// range, `>=` and `<=`: given `=`, the planner may drop the tenant from the order and
+/// walk the pending rows of every tenant by time, which it did where it believed few
+/// rows were pending), with `$2` a value, not `clock_timestamp()` (a volatile call is a
+/// filter the planner cannot bound, and a backlog in retry backoff was then read on
+/// every claim). Rows are locked and updated by their primary key.
 ///
 /// Per-order ordering: an event is leased only when no earlier event of its order is
 /// unpublished (pending, in flight at another relay, or DEAD), so each order has at
 /// most one event in flight across all relays and consumers see an order's events in
-/// commit order. The due rows are read lazily, locked as they are read (so that lanes
-/// and relays working one backlog take consecutive slices of it), until `$3` can go or
-/// `$6` were read. An event that has to wait is *parked* out of the due range by
-/// [`PARK_TENANT`] instead of being read again by every claim, and marking an event
-/// published brings its order's next event back at once ([`MARK_PUBLISHED`]); should
-/// that miss a row parked at the same moment, the row comes back by itself when the
-/// event before it would have been due again, so a park can delay an event by at most
-/// a lease, never lose it.
+/// commit order. Each tenant's due rows are read lazily, locked as they are read (so
+/// that lanes and relays working one backlog take consecutive slices of it), until its
+/// share can go or its share plus `$6` were read. An event that has to wait is *parked*
+/// out of the due range by [`PARK`] instead of being read again by every claim, and
+/// marking an event published brings its order's next event back at once ([`MARK`]);
+/// should that miss a row parked at the same moment, the row comes back by itself when
+/// the event before it would have been due again, so a park can delay an event by at
+/// most a lease, never lose it.
 ///
 /// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
 /// The claim commits asynchronously (no wait for the WAL flush): it is only a lease. If
 /// the database crashes before flushing it, the rows are simply claimable again and
 /// published once more, the duplicate a relay crash causes anyway.
-pub const CLAIM_TENANT: &str = claim_tenant!("e.tenant_id >= $1 AND e.tenant_id <= $1");
+pub const CLAIM_TENANTS: &str = claim_tenants!(one_server);
 
-/// Parks up to `$4` due events of tenant `$1` that have to wait for an earlier event of
-/// their order (see [`CLAIM_TENANT`]): until the latest `next_attempt_at` of the events
-/// before them, at least `$2` plus `$3` milliseconds (a lease); behind a DEAD one, for
-/// a lease. Run only after a claim came back short of its share, which is when rows
-/// that must wait can stand in front of due ones.
+/// [`CLAIM_TENANTS`] on a distributed database, for tenants `$1` whose shard is one:
+/// every reference of the table also names them as `tenant_id = ANY ($1)`, which is
+/// what lets Citus run the statement on that shard alone (it runs `FOR UPDATE` only
+/// there, and does not see a lateral join's tenant as a shard). So a round's claim is
+/// one statement per shard it visits.
+pub const CLAIM_TENANTS_DISTRIBUTED: &str = claim_tenants!(distributed);
+
+/// Parks up to `$4` due events of each tenant `$1` that have to wait for an earlier
+/// event of their order (see [`CLAIM_TENANTS`]): until the latest `next_attempt_at` of
+/// the events before them, at least `$2` plus `$3` milliseconds (a lease); behind a
+/// DEAD event, for a lease. Run only for the tenants whose claim came back short of
+/// their share, which is when rows that must wait can stand in front of due ones.
+/// Returns the tenant of each row it parked.
 ///
 /// Never for good, even behind a DEAD event: a park reads the events before its row in
 /// its statement's snapshot, so one that began before a re-drive committed sees the
 /// event still DEAD, and the mark that publishes the re-driven event (whose wake-up
 /// looks at the row before the park commits) cannot bring back a row parked after it.
 /// Parked for a lease, such a row is looked at again a lease later at most; rows behind
-/// a DEAD event cost a claim and a park per lease until the re-drive.
-pub const PARK_TENANT: &str = park_tenant!("e.tenant_id >= $1 AND e.tenant_id <= $1");
+/// a DEAD event cost a share of a claim and a park per lease until the re-drive.
+pub const PARK_TENANTS: &str = park_tenants!(one_server);
 
-/// [`CLAIM_TENANT`] on a distributed database: the tenant as an equality, which is
-/// what routes a statement to the tenant's shard (Citus runs `FOR UPDATE` only on one
-/// shard, and does not see a range as one). The index that made the range necessary on
-/// one server, on `next_attempt_at` alone, does not exist on a distributed outbox (the
-/// migration that distributes drops it), so the shard's planner has no other way in
-/// than the tenant's range of `outbox_event_pending_by_tenant`.
-pub const CLAIM_TENANT_DISTRIBUTED: &str = claim_tenant!("e.tenant_id = $1");
-
-/// [`PARK_TENANT`] on a distributed database (see [`CLAIM_TENANT_DISTRIBUTED`]).
-pub const PARK_TENANT_DISTRIBUTED: &str = park_tenant!("e.tenant_id = $1");
+/// [`PARK_TENANTS`] on a distributed database, one shard's tenants at a time (see
+/// [`CLAIM_TENANTS_DISTRIBUTED`]).
+pub const PARK_TENANTS_DISTRIBUTED: &str = park_tenants!(distributed);
 
 /// The claim's two forms.
 const CLAIM: Forms<&str> = Forms {
-    one_server: CLAIM_TENANT,
-    distributed: CLAIM_TENANT_DISTRIBUTED,
+    one_server: CLAIM_TENANTS,
+    distributed: CLAIM_TENANTS_DISTRIBUTED,
 };
 
 /// The park's two forms.
 const PARK: Forms<&str> = Forms {
-    one_server: PARK_TENANT,
-    distributed: PARK_TENANT_DISTRIBUTED,
+    one_server: PARK_TENANTS,
+    distributed: PARK_TENANTS_DISTRIBUTED,
 };
 
-/// On a distributed database, the tenants with events due by `at` (the coordinator's
-/// time, a literal: the command runs on a worker) on one worker's shards `outbox`: what
-/// a relay learns from the table when it cannot walk it (see `known`). Grouped on the
-/// distribution column, so each shard answers for itself; it reads every due row once,
-/// which is why it runs at a relay's poll and not in every round.
-fn node_due_tenants(outbox: &str, at: DateTime<Utc>) -> String {
+/// The tenants with events that fell due after `$1` and by `$2` (the round's time):
+/// what a relay learns from the table, beside what the writers' notifications name
+/// (see `known`). A range of `outbox_event_pending`, the index by due time: its cost
+/// is the rows that fell due in the range, not the tenants or the rows waiting out a
+/// backoff. `$1` is null for a look at everything due.
+pub const DUE_TENANTS: &str = "SELECT DISTINCT tenant_id FROM outbox_event
+     WHERE status = 'PENDING' AND next_attempt_at > coalesce($1, '-infinity') AND next_attempt_at <= $2";
+
+/// On a distributed database, [`DUE_TENANTS`] on one worker's shards `outbox`, with the
+/// coordinator's times as literals (the command runs on a worker). Grouped on the
+/// distribution column, so each shard answers for itself. A distributed outbox has no
+/// index by due time (see the distribution), so each look reads the shards' pending
+/// rows; it runs at a relay's poll, in a job of its own, never in a round.
+fn node_due_tenants(outbox: &str, after: Option<DateTime<Utc>>, at: DateTime<Utc>) -> String {
+    let after = after.map_or_else(|| "'-infinity'::timestamptz".to_string(), db::time_literal);
     format!(
         "SELECT tenant_id FROM {outbox}
-         WHERE status = 'PENDING' AND next_attempt_at <= {}
+         WHERE status = 'PENDING' AND next_attempt_at > {after} AND next_attempt_at <= {}
          GROUP BY tenant_id",
         db::time_literal(at)
     )
@@ -238,60 +280,57 @@ struct DueTenant {
     tenant_id: Uuid,
 }
 
-/// The database's time, as a round that knows its tenants reads it.
+/// The database's time, as a round reads it.
 pub const ROUND_TIME: &str = "SELECT clock_timestamp()";
 
-/// How many tenants with pending events one round visits at most: each costs one probe
-/// of an index of pending rows and one claim, and each gets an equal share of the batch.
-pub const FAIR_TENANTS_PER_CLAIM: i32 = 32;
+/// The database's time, and the shard of each tenant `$1` (a lookup in the
+/// coordinator's metadata, no worker asked): a distributed round claims one shard's
+/// tenants per statement.
+pub const ROUND_SHARDS: &str = "SELECT clock_timestamp(),
+            array(SELECT get_shard_id_for_distribution_column('outbox_event', t)
+                  FROM unnest($1::uuid[]) WITH ORDINALITY AS u(t, i) ORDER BY i)";
 
-/// How many due rows one claim reads beyond its batch at most, and one park parks.
+/// How many tenants one round visits at most; each gets an equal share of the batch.
+pub const TENANTS_PER_ROUND: usize = 100;
+
+/// How many due rows one claim reads beyond a tenant's share at most, and one park
+/// parks of each tenant.
 pub const PARK_WINDOW: i64 = 250;
 
-/// Marks a round's acknowledged events of tenant `$1`, asynchronously committed like
-/// the claim: a mark lost to a database crash only means those events are published
-/// once more (consumers drop duplicates by `event_id`), and per-order order still holds,
-/// since an order's next event waits for the lost mark's event to be published again.
-/// Each order's next pending event is due at `$4` (the round's database time): brought
-/// back if it was parked while it waited, and moved up to `$4` if it was due earlier,
-/// so that no round that began before this one can claim it (a round reads its time
-/// first and claims after; one that read it just before this mark committed would
-/// otherwise take the next event and mark it with an earlier `published_at` than this
-/// one). `published_at` is that time too: the start of the round that published the
-/// event, read once (no volatile `clock_timestamp()` in the `UPDATE`, which a
-/// distributed PostgreSQL refuses), so published events sort by the round that claimed
-/// them, whichever lane marked first, and each order's events by their sequence. The next event is found per order, one probe of
-/// `outbox_event_unpublished_by_order` each: asked for all of them at once, the planner
-/// read every pending row of the tenant (0.6 s a mark beside a backlog of a million),
-/// and the marked rows are joined on the key from `unnest` for the same reason: given
-/// `event_id = ANY ($2)` under statistics that still said the table was empty, the
-/// planner chose the tenant's pending rows over the primary key, and does still unless
-/// the status test is one it cannot match to a partial index (`IS TRUE`).
-pub const MARK_PUBLISHED: &str = "WITH marked AS (
-         UPDATE outbox_event o
-         SET status = 'PUBLISHED', published_at = $4, last_error = NULL
-         FROM unnest($2::uuid[]) AS p(event_id),
-              (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-         WHERE o.tenant_id = $1 AND o.event_id = p.event_id AND (o.status = 'PENDING') IS TRUE
-           AND o.claimed_by = $3
-         RETURNING o.aggregate_id),
-     next AS (
-         SELECT n.event_id, n.status, n.next_attempt_at
-         FROM (SELECT DISTINCT aggregate_id FROM marked) m
-         CROSS JOIN LATERAL (
-             SELECT e.event_id, e.status, e.next_attempt_at
-             FROM outbox_event e
-             WHERE e.tenant_id = $1 AND e.aggregate_id = m.aggregate_id AND e.status <> 'PUBLISHED'
-               AND e.event_id <> ALL ($2)
-             ORDER BY e.aggregate_seq
-             LIMIT 1) n),
-     woken AS (
-         UPDATE outbox_event o SET next_attempt_at = $4
-         FROM next
-         WHERE o.tenant_id = $1 AND o.event_id = next.event_id AND next.status = 'PENDING'
-           AND next.next_attempt_at <> $4
-         RETURNING 1)
-     SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM woken)";
+/// Marks a round's acknowledged events `$2` (of tenants `$1`), asynchronously committed
+/// like the claim: a mark lost to a database crash only means those events are
+/// published once more (consumers drop duplicates by `event_id`), and per-order order
+/// still holds, since an order's next event waits for the lost mark's event to be
+/// published again. Each order's next pending event is due at `$4` (the round's
+/// database time): brought back if it was parked while it waited, and moved up to `$4`
+/// if it was due earlier, so that no round that began before this one can claim it (a
+/// round reads its time first and claims after; one that read it just before this mark
+/// committed would otherwise take the next event and mark it with an earlier
+/// `published_at` than this one). Returns how many were marked and the tenants whose
+/// next events it brought back (the relay visits them again).
+///
+/// `published_at` is that time too: the start of the round that published the event,
+/// read once (no volatile `clock_timestamp()` in the `UPDATE`, which a distributed
+/// PostgreSQL refuses), so published events sort by the round that claimed them,
+/// whichever lane marked first, and each order's events by their sequence. The next
+/// event is found per order, one probe of `outbox_event_unpublished_by_order` each:
+/// asked for all of them at once, the planner read every pending row of the tenant (0.6
+/// s a mark beside a backlog of a million), and the marked rows are joined on the key
+/// from `unnest` for the same reason: given `event_id = ANY ($2)` under statistics that
+/// still said the table was empty, the planner chose the tenant's pending rows over the
+/// primary key, and does still unless the status test is one it cannot match to a
+/// partial index (`IS TRUE`).
+pub const MARK_PUBLISHED: &str = mark_published!(one_server);
+
+/// [`MARK_PUBLISHED`] on a distributed database, one shard's events at a time (see
+/// [`CLAIM_TENANTS_DISTRIBUTED`]).
+pub const MARK_PUBLISHED_DISTRIBUTED: &str = mark_published!(distributed);
+
+/// The mark's two forms.
+const MARK: Forms<&str> = Forms {
+    one_server: MARK_PUBLISHED,
+    distributed: MARK_PUBLISHED_DISTRIBUTED,
+};
 
 /// Records refused publishes of tenant `$1`, each due again at its own `retry_at`
 /// (the round's database time plus the event's backoff: a time computed from a row
@@ -331,7 +370,8 @@ pub const STATS: &str = "SELECT (SELECT count(*) FROM outbox_event WHERE status 
 
 pub const REDRIVE_ONE: &str = "UPDATE outbox_event
      SET status = 'PENDING', attempts = 0, next_attempt_at = statement_timestamp()
-     WHERE status = 'DEAD' AND event_id = $1";
+     WHERE status = 'DEAD' AND event_id = $1
+     RETURNING tenant_id";
 
 /// The tenants with DEAD events (a plain read; [`REDRIVE_TENANT`] puts each back).
 pub const DEAD_TENANTS: &str = "SELECT DISTINCT tenant_id FROM outbox_event WHERE status = 'DEAD'";
@@ -363,55 +403,70 @@ pub const PURGE_PUBLISHED: &str = "DELETE FROM outbox_event
            AND status = 'PUBLISHED' AND published_at <= $3
          FOR UPDATE SKIP LOCKED)";
 
-/// Where a round starts, and which tenants it visits (see [`PENDING_TENANTS`]).
+/// Where a round starts: the database's time, by which what is due is due.
+pub type RoundTime = DateTime<Utc>;
+
+/// What a relay's look at the table found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RoundStart {
-    /// The database's time as the round read it: what is due is due by this.
-    pub now: DateTime<Utc>,
-    /// Tenants with pending events, in the order the round visits them.
+pub struct Found {
+    /// The database's time the look judged by: the next look goes on from here.
+    pub at: DateTime<Utc>,
+    /// Tenants with events that fell due in the range looked at.
     pub tenants: Vec<Uuid>,
-}
-
-/// Up to `limit` tenants with pending events from just after `after` on, and the
-/// database's time.
-pub async fn pending_tenants(
-    sql: &mut Sql<'_>,
-    after: Uuid,
-    limit: i32,
-) -> sqlx::Result<RoundStart> {
-    let (now, tenants): (DateTime<Utc>, Vec<Uuid>) = sql
-        .query_as(PENDING_TENANTS)
-        .bind(after)
-        .bind(limit)
-        .fetch_one(sql.conn())
-        .await?;
-    Ok(RoundStart { now, tenants })
-}
-
-/// What a relay's look at a distributed outbox found.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DueTenants {
-    pub start: RoundStart,
-    /// The workers that did not answer (`host:port`): their tenants' events wait.
+    /// The workers that did not answer (`host:port`; distributed only): their tenants'
+    /// events wait.
     pub unreachable: Vec<String>,
 }
 
-/// The tenants with due events and the database's time, worker by worker (see
-/// [`node_due_tenants`]): a worker that does not answer leaves its tenants out, and
-/// is named.
-pub async fn due_tenants(sql: &mut Sql<'_>) -> sqlx::Result<DueTenants> {
-    let now = round_time(sql).await?;
-    let read =
-        db::read_each_node(sql, "outbox_event", |outbox| node_due_tenants(outbox, now)).await?;
-    let tenants = read
-        .rows
-        .into_iter()
-        .map(|t: DueTenant| t.tenant_id)
-        .collect();
-    Ok(DueTenants {
-        start: RoundStart { now, tenants },
-        unreachable: read.unreachable,
-    })
+/// How a layout's look reads the table.
+#[derive(Clone, Copy)]
+enum Look {
+    /// One statement, a range of the index by due time.
+    Range,
+    /// Worker by worker (see [`node_due_tenants`]).
+    EachNode,
+}
+
+const LOOKS: Forms<Look> = Forms {
+    one_server: Look::Range,
+    distributed: Look::EachNode,
+};
+
+/// The tenants with events that fell due after `after` (everything due, when none)
+/// and by the database's time now (see [`DUE_TENANTS`]). On a distributed database a
+/// worker that does not answer leaves its tenants out, and is named.
+pub async fn due_tenants(sql: &mut Sql<'_>, after: Option<DateTime<Utc>>) -> sqlx::Result<Found> {
+    let at = round_time(sql).await?;
+    match sql.layout().pick(&LOOKS) {
+        Look::Range => {
+            let tenants: Vec<Uuid> = sql
+                .query_scalar(DUE_TENANTS)
+                .bind(after)
+                .bind(at)
+                .fetch_all(sql.conn())
+                .await?;
+            Ok(Found {
+                at,
+                tenants,
+                unreachable: Vec::new(),
+            })
+        }
+        Look::EachNode => {
+            let read = db::read_each_node(sql, "outbox_event", |outbox| {
+                node_due_tenants(outbox, after, at)
+            })
+            .await?;
+            Ok(Found {
+                at,
+                tenants: read
+                    .rows
+                    .into_iter()
+                    .map(|t: DueTenant| t.tenant_id)
+                    .collect(),
+                unreachable: read.unreachable,
+            })
+        }
+    }
 }
 
 /// The database's time (see [`ROUND_TIME`]).
@@ -419,29 +474,45 @@ pub async fn round_time(sql: &mut Sql<'_>) -> sqlx::Result<DateTime<Utc>> {
     sql.query_scalar(ROUND_TIME).fetch_one(sql.conn()).await
 }
 
-/// Claims up to `batch` due events of `tenant` (see [`CLAIM_TENANT`]), leased for
-/// `lease_ms` from `now`. Each row is read on its own: one that cannot be read is
-/// returned as [`Unreadable`] and never fails its batch-mates.
-pub async fn claim_tenant(
+/// The database's time and the shard of each of `tenants`, in their order (see
+/// [`ROUND_SHARDS`]; distributed databases only).
+pub async fn round_shards(
     sql: &mut Sql<'_>,
-    tenant: Uuid,
+    tenants: &[Uuid],
+) -> sqlx::Result<(DateTime<Utc>, Vec<i64>)> {
+    sql.query_as(ROUND_SHARDS)
+        .bind(tenants)
+        .fetch_one(sql.conn())
+        .await
+}
+
+/// Claims up to `share` due events of each tenant of `shares` in one statement (see
+/// [`CLAIM_TENANTS`]; on a distributed database the tenants must share a shard), leased
+/// for `lease_ms` from `now`. Each row is read on its own: one that cannot be read is
+/// returned as [`Unreadable`] and never fails its batch-mates.
+pub async fn claim_tenants(
+    sql: &mut Sql<'_>,
+    shares: &[(Uuid, i64)],
     now: DateTime<Utc>,
-    batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claimed> {
+    let mut claimed = Claimed::default();
+    if shares.is_empty() {
+        return Ok(claimed);
+    }
+    let (tenants, sizes): (Vec<Uuid>, Vec<i64>) = shares.iter().copied().unzip();
     let statement = sql.layout().pick(&CLAIM);
     let rows: Vec<PgRow> = sql
         .query(statement)
-        .bind(tenant)
+        .bind(&tenants)
         .bind(now)
-        .bind(batch)
+        .bind(&sizes)
         .bind(lease_ms)
         .bind(claim)
-        .bind(batch + PARK_WINDOW)
+        .bind(PARK_WINDOW)
         .fetch_all(sql.conn())
         .await?;
-    let mut claimed = Claimed::default();
     for row in &rows {
         match read(row) {
             Ok(event) => claimed.events.push(event),
@@ -451,23 +522,37 @@ pub async fn claim_tenant(
     Ok(claimed)
 }
 
-/// Parks `tenant`'s due rows that must wait (see [`PARK_TENANT`]); how many.
-pub async fn park_tenant(
+/// Claims up to `batch` due events of `tenant` (see [`claim_tenants`]).
+pub async fn claim_tenant(
     sql: &mut Sql<'_>,
     tenant: Uuid,
     now: DateTime<Utc>,
+    batch: i64,
     lease_ms: i64,
-) -> sqlx::Result<u64> {
+    claim: Uuid,
+) -> sqlx::Result<Claimed> {
+    claim_tenants(sql, &[(tenant, batch)], now, lease_ms, claim).await
+}
+
+/// Parks the due rows of `tenants` that must wait (see [`PARK_TENANTS`]; on a
+/// distributed database the tenants must share a shard): the tenant of each row parked.
+pub async fn park_tenants(
+    sql: &mut Sql<'_>,
+    tenants: &[Uuid],
+    now: DateTime<Utc>,
+    lease_ms: i64,
+) -> sqlx::Result<Vec<Uuid>> {
+    if tenants.is_empty() {
+        return Ok(Vec::new());
+    }
     let statement = sql.layout().pick(&PARK);
-    let done = sql
-        .query(statement)
-        .bind(tenant)
+    sql.query_scalar(statement)
+        .bind(tenants)
         .bind(now)
         .bind(lease_ms)
         .bind(PARK_WINDOW)
-        .execute(sql.conn())
-        .await?;
-    Ok(done.rows_affected())
+        .fetch_all(sql.conn())
+        .await
 }
 
 /// One claimed row as an event, or why it cannot be forwarded. Only the envelope is
@@ -497,26 +582,38 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
     Ok(event)
 }
 
-/// Marks `tenant`'s events acknowledged by the bus, where `claim` still holds them,
-/// and brings each order's next event back into the due range at `now`: how many were
-/// marked, and how many were brought back.
+/// What a mark did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Marked {
+    /// Events marked published.
+    pub published: i64,
+    /// Tenants whose orders' next events it brought back into the due range.
+    pub woken: Vec<Uuid>,
+}
+
+/// Marks `events` (tenant, event) acknowledged by the bus, where `claim` still holds
+/// them, and brings each order's next event back into the due range at `now` (see
+/// [`MARK_PUBLISHED`]; on a distributed database the events' tenants must share a
+/// shard).
 pub async fn mark_published(
     sql: &mut Sql<'_>,
-    tenant: Uuid,
-    events: &[Uuid],
+    events: &[(Uuid, Uuid)],
     claim: Uuid,
     now: DateTime<Utc>,
-) -> sqlx::Result<(i64, i64)> {
+) -> sqlx::Result<Marked> {
     if events.is_empty() {
-        return Ok((0, 0));
+        return Ok(Marked::default());
     }
-    sql.query_as(MARK_PUBLISHED)
-        .bind(tenant)
-        .bind(events)
+    let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
+    let (published, woken): (i64, Vec<Uuid>) = sql
+        .query_as(sql.layout().pick(&MARK))
+        .bind(&tenants)
+        .bind(&ids)
         .bind(claim)
         .bind(now)
         .fetch_one(sql.conn())
-        .await
+        .await?;
+    Ok(Marked { published, woken })
 }
 
 /// Puts `tenant`'s events whose call failed back in line after `retry_ms`, where
@@ -672,21 +769,24 @@ async fn stats_each_node(sql: &mut Sql<'_>) -> sqlx::Result<Stats> {
     })
 }
 
-/// Puts one DEAD event back in line; returns how many (0 or 1).
+/// Puts one DEAD event back in line; returns how many (0 or 1). The relays hear of
+/// its tenant at once (see `wake`): nothing else would name it before their next look.
 pub async fn redrive_one(sql: &mut Sql<'_>, event_id: Uuid) -> sqlx::Result<u64> {
-    let done = sql
-        .query(REDRIVE_ONE)
+    let tenants: Vec<Uuid> = sql
+        .query_scalar(REDRIVE_ONE)
         .bind(event_id)
-        .execute(sql.conn())
+        .fetch_all(sql.conn())
         .await?;
-    Ok(done.rows_affected())
+    wake::notify(sql, &tenants).await?;
+    Ok(tenants.len() as u64)
 }
 
-/// Puts every DEAD event back in line; returns how many.
+/// Puts every DEAD event back in line; returns how many. The relays hear of the
+/// tenants, as for [`redrive_one`].
 pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
     let tenants: Vec<Uuid> = sql.query_scalar(DEAD_TENANTS).fetch_all(sql.conn()).await?;
     let mut redriven = 0;
-    for tenant in tenants {
+    for tenant in &tenants {
         let done = sql
             .query(REDRIVE_TENANT)
             .bind(tenant)
@@ -694,6 +794,7 @@ pub async fn redrive_all_dead(sql: &mut Sql<'_>) -> sqlx::Result<u64> {
             .await?;
         redriven += done.rows_affected();
     }
+    wake::notify(sql, &tenants).await?;
     Ok(redriven)
 }
 

@@ -12,8 +12,9 @@
 //! and the send only delays the event until a relay's next look at the table (its
 //! poll, `ORDERD_OUTBOX_POLL_MS`).
 //!
-//! On a single server the insert trigger notifies within the writing transaction, and
-//! the waker does nothing.
+//! On a single server the insert trigger notifies within the writing transaction,
+//! naming the same way the tenants whose events the statement inserted, and the waker
+//! does nothing. A re-drive, which inserts nothing, names its tenants with [`notify`].
 
 use std::{
     collections::BTreeSet,
@@ -25,12 +26,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    db::{Db, Forms, Layout},
+    db::{Db, Forms, Layout, Sql},
     tenant::TenantId,
 };
 
-/// The channel the relays listen on: the `outbox_event` insert trigger signals it with
-/// an empty payload (on one server), the writers with their tenants (here).
+/// The channel the relays listen on: the `outbox_event` insert trigger (on one server)
+/// and the writers (here) signal it with their tenants as the payload.
 pub const CHANNEL: &str = "outbox_event";
 
 /// Tells the relays of a tenant's committed events (see the module's doc); cheap to
@@ -103,6 +104,19 @@ impl Waker {
     }
 }
 
+/// Tells the relays of `tenants` now, through `sql` (a re-drive, whose rows no
+/// insert announced): one notification per [`TENANTS_PER_NOTIFICATION`].
+pub async fn notify(sql: &mut Sql<'_>, tenants: &[Uuid]) -> sqlx::Result<()> {
+    for chunk in tenants.chunks(TENANTS_PER_NOTIFICATION) {
+        sql.query(NOTIFY)
+            .bind(CHANNEL)
+            .bind(payload(chunk))
+            .execute(sql.conn())
+            .await?;
+    }
+    Ok(())
+}
+
 /// Sends what gathered, as it gathers, until `shutdown` (then once more, for what came
 /// in last).
 async fn send(shared: Arc<Shared>, db: Db, shutdown: CancellationToken) {
@@ -146,8 +160,9 @@ pub fn payload(tenants: &[Uuid]) -> String {
         .join(",")
 }
 
-/// The tenants a notification names: none for the trigger's empty payload (it only
-/// says that something committed), and none for one that cannot be read.
+/// The tenants a notification names: none for an empty payload (an earlier release's
+/// trigger, which only said that something committed), and none for one that cannot be
+/// read.
 pub fn tenants_of(payload: &str) -> Vec<Uuid> {
     payload
         .split(',')

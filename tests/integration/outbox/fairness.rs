@@ -101,6 +101,23 @@ async fn create_slowly(app: &TestApp, tenant: Uuid, count: usize) -> Vec<(Uuid, 
     committed
 }
 
+/// A quiet tenant's twenty orders, one every 100 ms, beside `busy`'s due backlog: at
+/// most two rounds' worth of the backlog is published between any of their commits and
+/// their publication.
+async fn a_quiet_tenant_goes_out_within_two_rounds(app: &TestApp, busy: Uuid) {
+    let quiet = Uuid::new_v4();
+    let committed = create_slowly(app, quiet, 20).await;
+    published_of(&app.db, &[quiet], 20).await;
+    let between = most_published_in_between(&app.db, &committed, busy).await;
+    println!(
+        "at most {between} of the due backlog published between a quiet event's commit and its publication"
+    );
+    assert!(
+        between <= 2 * BATCH,
+        "{between} of the due backlog went first"
+    );
+}
+
 async fn published_of(db: &TestDb, tenants: &[Uuid], want: i64) {
     let list = tenants
         .iter()
@@ -201,18 +218,7 @@ async fn a_backlog_in_backoff_and_behind_dead_heads_neither_delays_others_nor_lo
     let busy = Uuid::new_v4();
     backlog(&db, busy, 20_000, "now()").await;
     let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
-
-    let quiet = Uuid::new_v4();
-    let committed = create_slowly(&app, quiet, 20).await;
-    published_of(&app.db, &[quiet], 20).await;
-    let between = most_published_in_between(&app.db, &committed, busy).await;
-    println!(
-        "at most {between} of the due backlog published between a quiet event's commit and its publication"
-    );
-    assert!(
-        between <= 2 * BATCH,
-        "{between} of the due backlog went first"
-    );
+    a_quiet_tenant_goes_out_within_two_rounds(&app, busy).await;
     // The waiting rows are parked out of the due range (a lease at a time behind a
     // DEAD event), none of them published.
     app.db
@@ -275,9 +281,9 @@ async fn a_backlog_spread_over_many_tenants_drains_round_after_round_without_wai
     let arn = bare_topic(&moto, "fairness-spread").await;
     let db = TestDb::new().await;
     // 2,000 tenants with one due event each, laid down before any relay listens (no
-    // notification names them): every round visits at most 32 tenants and claims one
-    // event of each, a third of a batch. The poll is a minute away, so only rounds that
-    // follow each other drain this before the wait below gives up.
+    // notification names them; the relay's first look finds them): every round visits
+    // at most 100 tenants and claims one event of each. The poll is a minute away, so
+    // only rounds that follow each other drain this before the wait below gives up.
     let tenants: Vec<Uuid> = (0..2_000).map(|_| Uuid::new_v4()).collect();
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
@@ -305,5 +311,153 @@ async fn a_backlog_spread_over_many_tenants_drains_round_after_round_without_wai
         "{} events of as many tenants in {rounds} rounds",
         tenants.len()
     );
-    assert!(rounds >= tenants.len() as i64 / 32, "{rounds} rounds");
+    let per_round = orderd::outbox::store::TENANTS_PER_ROUND as i64;
+    assert!(
+        rounds >= tenants.len() as i64 / per_round,
+        "{rounds} rounds"
+    );
+}
+
+/// Lays down one due event for each of `tenants`, due `due` (an SQL time).
+async fn one_event_each(db: &TestDb, tenants: &[Uuid], due: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         SELECT t, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+                jsonb_build_object('event_type', 'OrderCreated', 'schema_version', 1, 'tenant_id', t::text),
+                now(), {due}
+         FROM unnest($1::uuid[]) t"
+    )))
+    .bind(tenants)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_tenant_goes_out_within_two_rounds_beside_20_000_tenants_in_backoff() {
+    let moto = start_moto();
+    let arn = bare_topic(&moto, "fairness-many-waiting").await;
+    let db = TestDb::new().await;
+    // 20,000 tenants whose one event waits out a backoff for an hour (a sink refused
+    // them a minute ago), and a due backlog that keeps every round full.
+    let waiting: Vec<Uuid> = (0..20_000).map(|_| Uuid::new_v4()).collect();
+    one_event_each(&db, &waiting, "now() + interval '1 hour'").await;
+    let busy = Uuid::new_v4();
+    backlog(&db, busy, 20_000, "now()").await;
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
+    a_quiet_tenant_goes_out_within_two_rounds(&app, busy).await;
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event
+         WHERE tenant_id = ANY ($1) AND status = 'PENDING' AND claimed_by IS NULL",
+    )
+    .bind(&waiting)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(untouched, 20_000, "no round claimed an event in backoff");
+}
+
+/// Counts the statements that reach the outbox: on one server an `UPDATE` statement
+/// trigger of the test's own (a mark, two `UPDATE`s in one statement, counts two); on a
+/// distributed database Citus's own counters of the statements it sends to the shards.
+struct OutboxStatements;
+
+impl OutboxStatements {
+    async fn count_on(db: &TestDb) -> Self {
+        let setup = if crate::support::on_citus() {
+            format!(
+                r#"ALTER DATABASE "{}" SET citus.enable_stat_counters TO on"#,
+                db.name
+            )
+        } else {
+            "CREATE TABLE outbox_statements (n bigint NOT NULL);
+             INSERT INTO outbox_statements VALUES (0);
+             CREATE FUNCTION count_outbox_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN UPDATE outbox_statements SET n = n + 1; RETURN NULL; END $$;
+             CREATE TRIGGER count_outbox_statement AFTER UPDATE ON outbox_event
+                 FOR EACH STATEMENT EXECUTE FUNCTION count_outbox_statement();"
+                .to_string()
+        };
+        sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        Self
+    }
+
+    async fn so_far(&self, db: &TestDb) -> i64 {
+        let read = if crate::support::on_citus() {
+            "SELECT (query_execution_single_shard + query_execution_multi_shard)::bigint
+             FROM citus_stat_counters WHERE name = current_database()"
+        } else {
+            "SELECT n FROM outbox_statements"
+        };
+        sqlx::query_scalar(read).fetch_one(&db.pool).await.unwrap()
+    }
+}
+
+/// `count` new tenant ids; on a distributed database all in one shard, so that what a
+/// round sends to the shards is one statement per step, as on one server.
+async fn tenants_of_one_shard(db: &TestDb, count: usize) -> Vec<Uuid> {
+    if !crate::support::on_citus() {
+        return (0..count).map(|_| Uuid::new_v4()).collect();
+    }
+    let mut found: Vec<Uuid> = Vec::new();
+    while found.len() < count {
+        let candidates: Vec<Uuid> = (0..20_000).map(|_| Uuid::new_v4()).collect();
+        let shard_of = found.first().copied().unwrap_or(candidates[0]);
+        let same: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT t FROM unnest($1::uuid[]) t
+             WHERE get_shard_id_for_distribution_column('outbox_event', t)
+                 = get_shard_id_for_distribution_column('outbox_event', $2::uuid)",
+        )
+        .bind(&candidates)
+        .bind(shard_of)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        found.extend(same);
+    }
+    found.truncate(count);
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_s_statements_do_not_grow_with_the_number_of_its_tenants() {
+    let moto = start_moto();
+    let arn = bare_topic(&moto, "fairness-statements").await;
+    let db = TestDb::new().await;
+    let statements = OutboxStatements::count_on(&db).await;
+    // 1,000 tenants with one due event each (on a distributed database, of one shard).
+    let tenants = tenants_of_one_shard(&db, 1_000).await;
+    one_event_each(&db, &tenants, "now()").await;
+    let before = statements.so_far(&db).await;
+    let app = spawn_publishing_app_on(db, &moto, &arn, &[]).await;
+    app.db
+        .until_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            tenants.len() as i64,
+        )
+        .await;
+    let sent = statements.so_far(&app.db).await - before;
+    let rounds: i64 = sqlx::query_scalar("SELECT count(DISTINCT published_at) FROM outbox_event")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    println!(
+        "{} tenants' events in {rounds} rounds, {sent} statements to the outbox",
+        tenants.len()
+    );
+    // A round visits up to 100 tenants; with a statement or two per tenant, as before,
+    // 1,000 tenants cost two thousand and more. A round's claim, park, second claim and
+    // mark are a handful whatever its tenants.
+    assert!(
+        rounds <= tenants.len() as i64 / 10,
+        "{rounds} rounds: few tenants in each"
+    );
+    assert!(
+        sent <= 6 * rounds,
+        "{sent} statements for {rounds} rounds of {} tenants",
+        tenants.len()
+    );
 }

@@ -226,7 +226,10 @@ async fn a_round_that_began_before_a_mark_does_not_take_the_order_s_next_event()
     assert_eq!(first.events.len(), 1, "the order's first event alone");
     let ids: Vec<Uuid> = first.events.iter().map(|e| e.event_id).collect();
     relay
-        .run(async |c| store::mark_published(c, tenant.0, &ids, a, a_began).await)
+        .run(async |c| {
+            let events: Vec<(Uuid, Uuid)> = ids.iter().map(|id| (tenant.0, *id)).collect();
+            store::mark_published(c, &events, a, a_began).await
+        })
         .await
         .unwrap();
     // Round B claims now, by its earlier time: nothing of the order.
@@ -951,4 +954,38 @@ async fn the_relay_publishes_while_stalled_requests_hold_every_api_connection() 
             3,
         )
         .await;
+}
+
+/// On one server the insert trigger wakes the relays with the tenants an insert wrote
+/// events for, as the writers do on Citus: one notification per statement, naming each
+/// tenant once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_insert_trigger_names_the_tenants_of_the_statement_s_events() {
+    if crate::support::one_server_only(
+        "the trigger of one server; on Citus the writers notify (decision 147), and no table of a cluster has the trigger",
+    ) {
+        return;
+    }
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(orderd::outbox::relay::CHANNEL)
+        .await
+        .unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+         SELECT t, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{}', now(), now()
+         FROM unnest($1::uuid[]) t",
+    )
+    .bind(vec![a, b, a])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let heard = listener.recv().await.unwrap();
+    let mut named = orderd::outbox::wake::tenants_of(heard.payload());
+    named.sort();
+    let mut want = vec![a, b];
+    want.sort();
+    assert_eq!(named, want);
 }

@@ -92,14 +92,18 @@ async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_o
     let (after, changed) = analysed(&db).await;
     assert_eq!(after, before + 1, "one ANALYZE by the relay, not two");
     assert!(changed < 1_000, "{changed} rows changed since");
-    // With fresh statistics the walk over the tenants reads the pending rows by tenant,
-    // not all of them by another index.
+    // With fresh statistics the claim reads each tenant's pending rows by tenant, not
+    // all of them by another index.
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
-        orderd::outbox::store::PENDING_TENANTS
+        orderd::outbox::store::CLAIM_TENANTS
     )))
-    .bind(Uuid::nil())
-    .bind(orderd::outbox::store::FAIR_TENANTS_PER_CLAIM)
+    .bind(vec![Uuid::new_v4(), Uuid::new_v4()])
+    .bind(chrono::Utc::now())
+    .bind(vec![50i64, 50])
+    .bind(16_000i64)
+    .bind(Uuid::new_v4())
+    .bind(orderd::outbox::store::PARK_WINDOW)
     .fetch_all(&db.pool)
     .await
     .unwrap();
