@@ -34,7 +34,6 @@ use orderd::{
         publisher::{Message, Outcome, Outcomes, Publisher},
         relay::Relay,
         sink::sns::SnsPublisher,
-        wake::Waker,
     },
     service::Endpoint,
     supervisor::Jobs,
@@ -315,9 +314,6 @@ async fn write_orders(
     total: u32,
 ) -> Vec<(Uuid, Instant)> {
     let guard = Guard::new(db.clone(), config.idempotency.clone(), Jobs::default());
-    // On Citus no trigger wakes the relays: the writers do, as `serve`'s do.
-    let (waker, stop_waking) = (Waker::for_layout(db.layout()), CancellationToken::new());
-    let sending = tokio::spawn(waker.clone().send(db.clone(), stop_waking.clone()));
     let new = NewOrder::parse(
         serde_json::json!({"sku": "BENCH-1", "quantity": 1})
             .as_object()
@@ -329,7 +325,7 @@ async fn write_orders(
     let mut writers = tokio::task::JoinSet::new();
     for i in 0..total {
         tick.tick().await;
-        let (guard, new, waker) = (guard.clone(), new.clone(), waker.clone());
+        let (guard, new) = (guard.clone(), new.clone());
         let tenant = tenants[i as usize % tenants.len()];
         writers.spawn(async move {
             let scope = Scope {
@@ -357,7 +353,6 @@ async fn write_orders(
                 .await
                 .expect("create");
             let committed = Instant::now();
-            waker.committed(tenant);
             let order_id = std::str::from_utf8(&answer.response.body)
                 .ok()
                 .and_then(|id| Uuid::parse_str(id).ok())
@@ -365,10 +360,7 @@ async fn write_orders(
             (order_id, committed)
         });
     }
-    let written = writers.join_all().await;
-    stop_waking.cancel();
-    let _ = sending.await;
-    written
+    writers.join_all().await
 }
 
 /// From each commit to its event's first acknowledgement, in milliseconds, sorted.

@@ -159,20 +159,13 @@ impl Application {
             supervisor.jobs(),
         );
         let guard_cache = guard.replay_cache().clone();
-        // A distributed outbox has no trigger to wake the relays: the writes do.
-        let waker = outbox::wake::Waker::for_layout(self.db.layout());
-        if waker.is_on() {
-            let (sender, db) = (waker.clone(), self.db.clone());
-            supervisor.spawn("relay wake-ups", move |token| sender.send(db, token));
-        }
         let service = Service::new(
             self.db.clone(),
             guard.clone(),
             self.config.http.max_in_flight,
             erasures.clone(),
             &api::FRAMING,
-        )
-        .waking(waker);
+        );
         // No answer is replayed from memory unless both sessions that could say it must
         // not be (a forgetting, an erasure) were heard from within the bound.
         let listen_on = db::listen_on(&self.config.db)?;

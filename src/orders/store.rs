@@ -143,6 +143,7 @@ pub async fn create(
                     .execute(c.conn())
                     .await?;
                 row.bind(c.query(append.as_str())).execute(c.conn()).await?;
+                outbox::wake::in_transaction(c, tenant).await?;
                 let done = completion
                     .bind(c.query(complete.as_str()))
                     .execute(c.conn())

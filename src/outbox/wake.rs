@@ -1,51 +1,26 @@
-//! Waking the relays where no trigger does: on a distributed database (Citus) a trigger
-//! on `outbox_event` would fire on the worker that holds the tenant's shard, where no
-//! relay listens, and a table with a trigger cannot be distributed at all; so there the
-//! writers tell the relays themselves, once their write has committed.
+//! Waking the relays: every transaction that writes events tells the relays, at its
+//! commit, which tenants it wrote them for (`NOTIFY` is transactional: delivered at
+//! commit, dropped at rollback), so a relay visits the tenants it hears of instead of
+//! walking the table (`known`).
 //!
-//! A write hands its tenant to a [`Waker`] and goes on: nothing is added to the
-//! request's path but a set insertion. One task per process sends what gathered
-//! meanwhile as one `NOTIFY` on the relays' channel, the tenants' ids as its payload,
-//! so a relay learns *which* tenants have new events (it cannot walk them cheaply on a
-//! distributed table; see `relay`). Tenants coming in while a notification is being
-//! sent go out with the next one. A notification lost to a crash between the commit
-//! and the send only delays the event until a relay's next look at the table (its
-//! poll, `ORDERD_OUTBOX_POLL_MS`).
-//!
-//! On a single server the insert trigger notifies within the writing transaction,
-//! naming the same way the tenants whose events the statement inserted, and the waker
-//! does nothing. A re-drive, which inserts nothing, names its tenants with [`notify`].
+//! On a single server the insert trigger on `outbox_event` sends it, one notification
+//! per statement naming its tenants. On a distributed database (Citus) a trigger would
+//! fire on the worker that holds the tenant's shard, where no relay listens, and a
+//! table with a trigger cannot be distributed at all; so there the writer sends it
+//! itself, one more statement of its transaction, run on the coordinator
+//! ([`in_transaction`]). Either way the notification reaches the relays before the
+//! client has its answer. A re-drive, which inserts nothing, names its tenants with
+//! [`notify`].
 
-use std::{
-    collections::BTreeSet,
-    sync::{Arc, Mutex},
-};
-
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    db::{Db, Forms, Layout, Sql},
+    db::{Forms, Sql},
     tenant::TenantId,
 };
 
-/// The channel the relays listen on: the `outbox_event` insert trigger (on one server)
-/// and the writers (here) signal it with their tenants as the payload.
+/// The channel the relays listen on; the payload names tenants (see [`payload`]).
 pub const CHANNEL: &str = "outbox_event";
-
-/// Tells the relays of a tenant's committed events (see the module's doc); cheap to
-/// clone.
-#[derive(Clone, Default)]
-pub struct Waker {
-    shared: Option<Arc<Shared>>,
-}
-
-#[derive(Default)]
-struct Shared {
-    tenants: Mutex<BTreeSet<Uuid>>,
-    gathered: Notify,
-}
 
 /// The tenant ids that fit in one notification's payload (PostgreSQL takes up to 8000
 /// bytes: 36 for an id and a comma each).
@@ -54,58 +29,23 @@ const TENANTS_PER_NOTIFICATION: usize = 200;
 /// Sends one notification: channel `$1`, payload `$2`.
 const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
-/// The waker of each layout: the writers wake the relays only where no trigger does.
-const WAKERS: Forms<fn() -> Waker> = Forms {
-    one_server: Waker::off,
-    distributed: Waker::on,
+/// Whether a writer notifies itself (where no trigger does).
+const WRITER_NOTIFIES: Forms<bool> = Forms {
+    one_server: false,
+    distributed: true,
 };
 
-impl Waker {
-    /// The waker for tables laid out as `layout`.
-    pub fn for_layout(layout: Layout) -> Self {
-        (layout.pick(&WAKERS))()
+/// Within the transaction that wrote events of `tenant`: tells the relays at its
+/// commit, where no trigger does (see the module's doc).
+pub async fn in_transaction(sql: &mut Sql<'_>, tenant: TenantId) -> sqlx::Result<()> {
+    if sql.layout().pick(&WRITER_NOTIFIES) {
+        notify(sql, &[tenant.0]).await?;
     }
-
-    /// A waker that does nothing: the database's trigger wakes the relays.
-    pub fn off() -> Self {
-        Self::default()
-    }
-
-    /// A waker that notifies; [`Waker::send`] sends what it gathers.
-    pub fn on() -> Self {
-        Self {
-            shared: Some(Arc::new(Shared::default())),
-        }
-    }
-
-    /// Sends what gathers, as it gathers, through `db` until `shutdown` (then once
-    /// more, for what came in last). Does nothing for a waker that is off.
-    pub async fn send(self, db: Db, shutdown: CancellationToken) {
-        if let Some(shared) = self.shared {
-            send(shared, db, shutdown).await;
-        }
-    }
-
-    /// Whether this waker notifies at all.
-    pub fn is_on(&self) -> bool {
-        self.shared.is_some()
-    }
-
-    /// `tenant` committed events the relays should know of.
-    pub fn committed(&self, tenant: TenantId) {
-        if let Some(shared) = &self.shared {
-            shared
-                .tenants
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(tenant.0);
-            shared.gathered.notify_one();
-        }
-    }
+    Ok(())
 }
 
-/// Tells the relays of `tenants` now, through `sql` (a re-drive, whose rows no
-/// insert announced): one notification per [`TENANTS_PER_NOTIFICATION`].
+/// Tells the relays of `tenants` through `sql` (at its commit, when in a
+/// transaction): one notification per [`TENANTS_PER_NOTIFICATION`].
 pub async fn notify(sql: &mut Sql<'_>, tenants: &[Uuid]) -> sqlx::Result<()> {
     for chunk in tenants.chunks(TENANTS_PER_NOTIFICATION) {
         sql.query(NOTIFY)
@@ -115,40 +55,6 @@ pub async fn notify(sql: &mut Sql<'_>, tenants: &[Uuid]) -> sqlx::Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// Sends what gathered, as it gathers, until `shutdown` (then once more, for what came
-/// in last).
-async fn send(shared: Arc<Shared>, db: Db, shutdown: CancellationToken) {
-    loop {
-        let stopping = tokio::select! {
-            _ = shared.gathered.notified() => false,
-            _ = shutdown.cancelled() => true,
-        };
-        let tenants: Vec<Uuid> =
-            std::mem::take(&mut *shared.tenants.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_iter()
-                .collect();
-        for chunk in tenants.chunks(TENANTS_PER_NOTIFICATION) {
-            let payload = payload(chunk);
-            let sent = db
-                .run(async |c| {
-                    c.query(NOTIFY)
-                        .bind(CHANNEL)
-                        .bind(&payload)
-                        .execute(c.conn())
-                        .await
-                })
-                .await;
-            if let Err(e) = sent {
-                // The relays' poll finds these events anyway, only later.
-                tracing::warn!(error = %e, tenants = chunk.len(), "cannot wake the relays; they will find the events at their next poll");
-            }
-        }
-        if stopping {
-            return;
-        }
-    }
 }
 
 /// The payload naming `tenants`: their ids, comma-separated.

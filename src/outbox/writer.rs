@@ -86,11 +86,12 @@ impl<'a> EventRow<'a> {
 pub static APPEND: LazyLock<String> =
     LazyLock::new(|| EventRow::insert_sql(&mut Placeholders::new(), None));
 
-/// Writes one event; returns its `event_id`.
+/// Writes one event, and tells the relays of it at the commit; returns its `event_id`.
 pub async fn append(sql: &mut Sql<'_>, event: &NewEvent) -> sqlx::Result<Uuid> {
     let row = EventRow::new(event);
     row.bind(sql.query(APPEND.as_str()))
         .execute(sql.conn())
         .await?;
+    super::wake::in_transaction(sql, event.tenant).await?;
     Ok(row.event_id)
 }

@@ -30,7 +30,6 @@ use crate::{
     idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
-    outbox::wake::Waker,
     telemetry,
     tenant::TenantId,
     trace_context::TraceContext,
@@ -199,9 +198,6 @@ pub struct Service {
     /// Tenants being erased: their writes are refused before anything else is looked
     /// up (see `crate::erasure`).
     erasures: Arc<Erasures>,
-    /// Tells the relays of committed events where no trigger does (a distributed
-    /// outbox; `outbox::wake`).
-    waker: Waker,
     /// The transport's statuses and media types for what is answered.
     framing: &'static Framing,
 }
@@ -219,21 +215,7 @@ impl Service {
             guard,
             capacity: Arc::new(Semaphore::new(max_in_flight)),
             erasures,
-            waker: Waker::off(),
             framing,
-        }
-    }
-
-    /// The same service, waking the relays through `waker` after each committed write.
-    pub fn waking(mut self, waker: Waker) -> Self {
-        self.waker = waker;
-        self
-    }
-
-    /// A write of `tenant` that this request executed has committed its event.
-    fn committed(&self, tenant: TenantId, answer: &Reply) {
-        if !answer.replayed && answer.is_success() {
-            self.waker.committed(tenant);
         }
     }
 
@@ -306,7 +288,6 @@ impl Service {
             })
             .instrument(decision_span())
             .await?;
-        self.committed(caller.tenant(), &answer);
         Ok(answer)
     }
 
@@ -352,7 +333,6 @@ impl Service {
             })
             .instrument(decision_span())
             .await?;
-        self.committed(tenant, &answer);
         Ok(answer)
     }
 
