@@ -65,11 +65,33 @@ enum Scenario {
         /// Poll only, without LISTEN/NOTIFY.
         #[arg(long)]
         poll_only: bool,
+        /// The tenants the orders are written for, in turn.
+        #[arg(long, default_value_t = 1)]
+        tenants: u32,
     },
     /// How fast one relay drains a backlog of pending events.
     Drain {
         #[arg(long, default_value_t = 100_000)]
         events: i64,
+        #[arg(long, value_enum, default_value_t = Target::Immediate)]
+        publisher: Target,
+        /// The tenants the events are spread over, each event an order of its own
+        /// (default: a tenant per event).
+        #[arg(long)]
+        tenants: Option<i64>,
+    },
+    /// A quiet tenant's writes beside many tenants whose events wait: `waiting` tenants
+    /// with one event in retry backoff for an hour and as many with an event behind a
+    /// DEAD one. Reports the quiet tenant's commit-to-publish latency and the claim
+    /// rounds' times.
+    Waiting {
+        #[arg(long, default_value_t = 20_000)]
+        waiting: i64,
+        /// The quiet tenant's orders per second.
+        #[arg(long, default_value_t = 10)]
+        rate: u32,
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
         #[arg(long, value_enum, default_value_t = Target::Immediate)]
         publisher: Target,
     },
@@ -247,6 +269,7 @@ async fn latency(
     listen: bool,
     rate: u32,
     seconds: u32,
+    tenants: u32,
 ) {
     let (db, pool) = fresh(&config).await;
     let stop = CancellationToken::new();
@@ -258,7 +281,10 @@ async fn latency(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let total = rate * seconds;
     let started = Instant::now();
-    let committed = write_orders(&db, &config, vec![TenantId(Uuid::new_v4())], rate, total).await;
+    let writers: Vec<TenantId> = (0..tenants.max(1))
+        .map(|_| TenantId(Uuid::new_v4()))
+        .collect();
+    let committed = write_orders(&db, &config, writers, rate, total).await;
     let write_secs = started.elapsed().as_secs_f64();
     until_published(&pool, None).await;
     let shares = commit_to_ack(&stamped, &committed);
@@ -270,7 +296,7 @@ async fn latency(
     .expect("lags");
     lags.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "latency: {total} events at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim-to-mark on the database clock p50 {:.1} ms, p99 {:.1} ms",
+        "latency: {total} events of {tenants} tenants at {rate}/s (achieved {:.0}/s), listen {listen}: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim-to-mark on the database clock p50 {:.1} ms, p99 {:.1} ms",
         total as f64 / write_secs,
         percentile(&shares, 0.5),
         percentile(&shares, 0.99),
@@ -404,6 +430,12 @@ async fn until_published(pool: &sqlx::PgPool, tenants: Option<&[Uuid]>) {
 /// Lays down `events` pending events, each of its own order: of `tenant`, or each of
 /// a tenant of its own.
 async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
+    seed_spread(pool, events, tenant.map(|t| vec![t])).await
+}
+
+/// Lays down `events` pending events, each of its own order, of `tenants` in turn, or
+/// each of a tenant of its own.
+async fn seed_spread(pool: &sqlx::PgPool, events: i64, tenants: Option<Vec<Uuid>>) {
     // A million rows take longer than the statement timeout orderd's pools start with.
     let mut tx = pool.begin().await.expect("a transaction");
     sqlx::query("SET LOCAL statement_timeout = 0")
@@ -412,12 +444,13 @@ async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
         .expect("no timeout");
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
-         SELECT coalesce($2, gen_random_uuid()), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+         SELECT coalesce(($2::uuid[])[1 + g % cardinality($2::uuid[])], gen_random_uuid()), gen_random_uuid(),
+                gen_random_uuid(), 1, 'OrderCreated',
                 jsonb_build_object('event_type', 'OrderCreated', 'order', jsonb_build_object('sku', 'BENCH-1', 'quantity', 1)), now(), now()
-         FROM generate_series(1, $1)",
+         FROM generate_series(1, $1) g",
     )
     .bind(events)
-    .bind(tenant)
+    .bind(tenants)
     .execute(&mut *tx)
     .await
     .expect("seed the backlog");
@@ -523,22 +556,26 @@ async fn drain_once(
     (pool, secs)
 }
 
-/// Inserts `events` pending rows (each of a tenant of its own), then lets one relay
-/// drain them.
-async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64) {
-    let backlog = Backlog {
-        events,
-        condition: Condition::Due,
-        waiting: 0,
-    };
-    let (pool, secs) = drain_once(&config, publisher, backlog, None).await;
+/// Inserts `events` pending rows (spread over `tenants`, or each of a tenant of its
+/// own), then lets one relay drain them.
+async fn drain(config: Config, publisher: Arc<dyn Publisher>, events: i64, tenants: Option<i64>) {
+    let (_db, pool) = fresh(&config).await;
+    let spread = tenants.map(|n| (0..n.max(1)).map(|_| Uuid::new_v4()).collect());
+    seed_spread(&pool, events, spread).await;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let running = start_relay(&config, publisher, true, &stop).await;
+    let secs = until_drained(&pool, started).await;
+    stop.cancel();
+    running.await.expect("the relay stops");
     let published: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'")
             .fetch_one(&pool)
             .await
             .expect("count");
     println!(
-        "drain: {published} of {events} events in {secs:.1} s = {:.0} events/s ({} rounds at once)",
+        "drain: {published} of {events} events of {} tenants in {secs:.1} s = {:.0} events/s ({} rounds at once)",
+        tenants.unwrap_or(events),
         published as f64 / secs,
         config.outbox.parallel_rounds
     );
@@ -613,6 +650,83 @@ async fn fairness(
             .unwrap_or_default(),
         sorted[sorted.len() / 2],
         rates.join(", "),
+        shares.len(),
+        percentile(&shares, 0.5),
+        percentile(&shares, 0.99),
+        shares.last().copied().unwrap_or_default(),
+        counts.0,
+        claim_ms(&counts, 0.5),
+        claim_ms(&counts, 0.99),
+        claim_ms(&counts, 1.0),
+        claims_over(&counts, 50.0),
+    );
+}
+
+/// A quiet tenant writes `rate` orders a second for `seconds` beside `count` tenants
+/// with one event each in retry backoff for an hour and `count` tenants each with an
+/// event behind a DEAD one (parked by the relay, back each lease until a re-drive),
+/// laid down before the relay starts, as a sink that refused them leaves them.
+async fn waiting(
+    config: Config,
+    publisher: Arc<dyn Publisher>,
+    count: i64,
+    rate: u32,
+    seconds: u32,
+    claims: &PrometheusHandle,
+) {
+    let (db, pool) = fresh(&config).await;
+    let mut tx = pool.begin().await.expect("a transaction");
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .expect("no timeout");
+    sqlx::query(
+        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at, attempts)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated',
+                '{\"event_type\": \"OrderCreated\"}', now(), now() + interval '1 hour', 1
+         FROM generate_series(1, $1)",
+    )
+    .bind(count)
+    .execute(&mut *tx)
+    .await
+    .expect("seed the backoff");
+    sqlx::query(
+        "WITH heads AS (SELECT gen_random_uuid() AS tenant, gen_random_uuid() AS id FROM generate_series(1, $1))
+         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
+                                   next_attempt_at, status, attempts, last_error)
+         SELECT h.tenant, gen_random_uuid(), h.id, s, 'OrderCreated', '{\"event_type\": \"OrderCreated\"}', now(), now(),
+                CASE WHEN s = 1 THEN 'DEAD' ELSE 'PENDING' END, CASE WHEN s = 1 THEN 1 ELSE 0 END,
+                CASE WHEN s = 1 THEN 'refused' END
+         FROM heads h CROSS JOIN generate_series(1, 2) s",
+    )
+    .bind(count)
+    .execute(&mut *tx)
+    .await
+    .expect("seed the dead heads");
+    tx.commit().await.expect("commit the waiting rows");
+    let stamped = Arc::new(Stamped {
+        inner: publisher,
+        acknowledged: Mutex::new(HashMap::new()),
+    });
+    let stop = CancellationToken::new();
+    let running = start_relay(&config, stamped.clone(), true, &stop).await;
+    let quiet = vec![TenantId(Uuid::new_v4())];
+    let committed = write_orders(&db, &config, quiet.clone(), rate, rate * seconds).await;
+    until_published(&pool, Some(&[quiet[0].0])).await;
+    stop.cancel();
+    running.await.expect("the relay stops");
+    let mut shares = commit_to_ack(&stamped, &committed);
+    shares.sort_by(|a, b| a.total_cmp(b));
+    let counts = claim_counts(claims);
+    let parked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event WHERE status = 'PENDING' AND aggregate_seq = 2 AND next_attempt_at > now()",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("parked");
+    println!(
+        "waiting: a quiet tenant's {} orders at {rate}/s beside {count} tenants in backoff and {count} behind DEAD events ({parked} parked at the end): commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim rounds: {} timed, p50 at most {} ms, p99 at most {} ms, all within {} ms, {} over 50 ms",
         shares.len(),
         percentile(&shares, 0.5),
         percentile(&shares, 0.99),
@@ -703,18 +817,31 @@ async fn main() {
             seconds,
             publisher: target,
             poll_only,
+            tenants,
         } => {
             let config = config(&args.database_url, 100);
             let publisher = publisher(target, &config).await;
-            latency(config, publisher, !poll_only, rate, seconds).await;
+            latency(config, publisher, !poll_only, rate, seconds, tenants).await;
         }
         Scenario::Drain {
             events,
             publisher: target,
+            tenants,
         } => {
             let config = config(&args.database_url, 500);
             let publisher = publisher(target, &config).await;
-            drain(config, publisher, events).await;
+            drain(config, publisher, events, tenants).await;
+        }
+        Scenario::Waiting {
+            waiting: count,
+            rate,
+            seconds,
+            publisher: target,
+        } => {
+            let claims = record_claims();
+            let config = config(&args.database_url, 100);
+            let publisher = publisher(target, &config).await;
+            waiting(config, publisher, count, rate, seconds, &claims).await;
         }
         Scenario::Fairness {
             events,

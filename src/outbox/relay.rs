@@ -447,7 +447,7 @@ async fn claim_fairly(
     let mut filled: Vec<Vec<Uuid>> = Vec::new();
     for group in &start.groups {
         let shares: Vec<(Uuid, i64)> = group.iter().map(|t| (*t, share)).collect();
-        let Some((got, parked)) =
+        let Some((got, parked, empty)) =
             claim_group(sql, &shares, start.now, lease_ms, claim, true).await?
         else {
             continue;
@@ -460,12 +460,7 @@ async fn claim_fairly(
                 .copied()
                 .collect(),
         );
-        had_nothing.extend(
-            group
-                .iter()
-                .filter(|t| taken(t) == 0 && !parked.contains(t))
-                .copied(),
-        );
+        had_nothing.extend(empty);
         claimed.parked += parked.len();
         claimed.absorb(got);
     }
@@ -489,7 +484,8 @@ async fn claim_fairly(
         if shares.is_empty() {
             continue;
         }
-        if let Some((got, _)) = claim_group(sql, &shares, start.now, lease_ms, claim, false).await?
+        if let Some((got, _, _)) =
+            claim_group(sql, &shares, start.now, lease_ms, claim, false).await?
         {
             claimed.absorb(got);
         }
@@ -522,7 +518,9 @@ const GROUP_CLAIMS: Forms<GroupClaim> = Forms {
 
 /// One group's claim of its `shares` and, with `park`, the park of what must wait for
 /// the tenants that came back short (rows that must wait may stand in front of due
-/// ones): what it claimed, and the tenant of each row parked.
+/// ones): what it claimed, the tenant of each row parked, and the tenants that had
+/// nothing due at all (none claimed, none parked, none left due: rows another lane or
+/// relay held are still due, see [`store::STILL_DUE`]).
 ///
 /// On a distributed database each group (one shard's tenants) is a transaction (or
 /// savepoint) of its own, and one that fails is left out of the round (`None`): a
@@ -535,7 +533,7 @@ async fn claim_group(
     lease_ms: i64,
     claim: Uuid,
     park: bool,
-) -> sqlx::Result<Option<(store::Claimed, Vec<Uuid>)>> {
+) -> sqlx::Result<Option<(store::Claimed, Vec<Uuid>, Vec<Uuid>)>> {
     let work = async |sql: &mut Sql<'_>| {
         let got = store::claim_tenants(sql, shares, now, lease_ms, claim).await?;
         let short: Vec<Uuid> = shares
@@ -543,12 +541,17 @@ async fn claim_group(
             .filter(|(tenant, share)| taken_of(&got, *tenant) < *share)
             .map(|(tenant, _)| *tenant)
             .collect();
-        let parked = if park {
-            store::park_tenants(sql, &short, now, lease_ms).await?
-        } else {
-            Vec::new()
-        };
-        Ok::<_, sqlx::Error>((got, parked))
+        if !park {
+            return Ok::<_, sqlx::Error>((got, Vec::new(), Vec::new()));
+        }
+        let parked = store::park_tenants(sql, &short, now, lease_ms).await?;
+        let none: Vec<Uuid> = short
+            .into_iter()
+            .filter(|t| taken_of(&got, *t) == 0 && !parked.contains(t))
+            .collect();
+        let due = store::still_due(sql, &none, now).await?;
+        let empty = none.into_iter().filter(|t| !due.contains(t)).collect();
+        Ok((got, parked, empty))
     };
     match sql.layout().pick(&GROUP_CLAIMS) {
         GroupClaim::InTheRound => work(sql).await.map(Some),

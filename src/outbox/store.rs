@@ -251,6 +251,35 @@ const PARK: Forms<&str> = Forms {
     distributed: PARK_TENANTS_DISTRIBUTED,
 };
 
+/// Which of tenants `$1` still have a due event by `$2`, locked or not: a plain read.
+/// A round that claimed and parked nothing of a tenant may have skipped rows another
+/// lane or relay held (read and let go, not taken); such a tenant stays known, since
+/// its rows' due times are past and no look by due time would find them again.
+macro_rules! still_due {
+    ($layout:ident) => {
+        concat!(
+            "SELECT t.tenant_id FROM unnest($1::uuid[]) AS t(tenant_id)
+     WHERE EXISTS (
+         SELECT 1 FROM outbox_event e
+         WHERE e.tenant_id >= t.tenant_id AND e.tenant_id <= t.tenant_id",
+            route!($layout, "e"),
+            "
+           AND e.status = 'PENDING' AND e.next_attempt_at <= $2)"
+        )
+    };
+}
+
+/// See [`still_due`]; on a distributed database one shard's tenants at a time.
+pub const STILL_DUE: &str = still_due!(one_server);
+
+/// [`STILL_DUE`] on a distributed database.
+pub const STILL_DUE_DISTRIBUTED: &str = still_due!(distributed);
+
+const STILL: Forms<&str> = Forms {
+    one_server: STILL_DUE,
+    distributed: STILL_DUE_DISTRIBUTED,
+};
+
 /// The tenants with events that fell due after `$1` and by `$2` (the round's time):
 /// what a relay learns from the table, beside what the writers' notifications name
 /// (see `known`). A range of `outbox_event_pending`, the index by due time: its cost
@@ -580,6 +609,23 @@ fn read(row: &PgRow) -> Result<PendingEvent, Unreadable> {
         return Err(unreadable("the payload is not a JSON object".into()));
     }
     Ok(event)
+}
+
+/// Which of `tenants` still have an event due by `now`, locked or not (see
+/// [`STILL_DUE`]; on a distributed database the tenants must share a shard).
+pub async fn still_due(
+    sql: &mut Sql<'_>,
+    tenants: &[Uuid],
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<Uuid>> {
+    if tenants.is_empty() {
+        return Ok(Vec::new());
+    }
+    sql.query_scalar(sql.layout().pick(&STILL))
+        .bind(tenants)
+        .bind(now)
+        .fetch_all(sql.conn())
+        .await
 }
 
 /// What a mark did.
