@@ -643,7 +643,7 @@ async fn fairness(
     let mut sorted = ratios.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "fairness ({}): a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim rounds: {} timed, p50 at most {} ms, p99 at most {} ms, all within {} ms, {} over 50 ms",
+        "fairness ({}): a backlog of {events} events of one tenant, drained alone and while another tenant writes at {rate}/s, {pairs} pairs: drain rate beside/alone median x{:.2} (pairs, events/s alone/beside: {}); the other tenant's {} orders: {}",
         condition
             .to_possible_value()
             .map(|v| v.get_name().to_string())
@@ -651,14 +651,7 @@ async fn fairness(
         sorted[sorted.len() / 2],
         rates.join(", "),
         shares.len(),
-        percentile(&shares, 0.5),
-        percentile(&shares, 0.99),
-        shares.last().copied().unwrap_or_default(),
-        counts.0,
-        claim_ms(&counts, 0.5),
-        claim_ms(&counts, 0.99),
-        claim_ms(&counts, 1.0),
-        claims_over(&counts, 50.0),
+        quiet_and_claims(&shares, &counts),
     );
 }
 
@@ -726,17 +719,26 @@ async fn waiting(
     .await
     .expect("parked");
     println!(
-        "waiting: a quiet tenant's {} orders at {rate}/s beside {count} tenants in backoff and {count} behind DEAD events ({parked} parked at the end): commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim rounds: {} timed, p50 at most {} ms, p99 at most {} ms, all within {} ms, {} over 50 ms",
+        "waiting: a quiet tenant's {} orders at {rate}/s beside {count} tenants in backoff and {count} behind DEAD events ({parked} parked at the end): {}",
         shares.len(),
-        percentile(&shares, 0.5),
-        percentile(&shares, 0.99),
+        quiet_and_claims(&shares, &counts),
+    );
+}
+
+/// The quiet tenant's commit-to-publish latency (`shares`, sorted) and the claim
+/// rounds' times, as the fairness and waiting scenarios print them.
+fn quiet_and_claims(shares: &[f64], counts: &(u64, Vec<(f64, u64)>)) -> String {
+    format!(
+        "commit-to-publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; claim rounds: {} timed, p50 at most {} ms, p99 at most {} ms, all within {} ms, {} over 50 ms",
+        percentile(shares, 0.5),
+        percentile(shares, 0.99),
         shares.last().copied().unwrap_or_default(),
         counts.0,
-        claim_ms(&counts, 0.5),
-        claim_ms(&counts, 0.99),
-        claim_ms(&counts, 1.0),
-        claims_over(&counts, 50.0),
-    );
+        claim_ms(counts, 0.5),
+        claim_ms(counts, 0.99),
+        claim_ms(counts, 1.0),
+        claims_over(counts, 50.0),
+    )
 }
 
 /// Bounds (seconds) of the bench's own histogram of claim rounds: fine enough to read

@@ -8,6 +8,7 @@
 //! with the same `event_id`s.
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicU32, Ordering},
@@ -452,7 +453,8 @@ async fn claim_fairly(
         else {
             continue;
         };
-        let taken = |tenant: &Uuid| taken_of(&got, *tenant);
+        let taken_by = taken_by_tenant(&got);
+        let taken = |tenant: &Uuid| taken_by.get(tenant).copied().unwrap_or(0);
         filled.push(
             group
                 .iter()
@@ -493,11 +495,15 @@ async fn claim_fairly(
     Ok((claimed, had_nothing))
 }
 
-/// How many rows of `tenant` a claim brought (events and unreadable rows).
-fn taken_of(claimed: &store::Claimed, tenant: Uuid) -> i64 {
-    let events = claimed.events.iter().filter(|e| e.tenant_id == tenant);
-    let unreadable = claimed.unreadable.iter().filter(|u| u.tenant_id == tenant);
-    (events.count() + unreadable.count()) as i64
+/// How many rows of each tenant a claim brought (events and unreadable rows), counted
+/// once per claim.
+fn taken_by_tenant(claimed: &store::Claimed) -> HashMap<Uuid, i64> {
+    let mut taken = HashMap::new();
+    let tenants = claimed.events.iter().map(|e| e.tenant_id);
+    for tenant in tenants.chain(claimed.unreadable.iter().map(|u| u.tenant_id)) {
+        *taken.entry(tenant).or_insert(0) += 1;
+    }
+    taken
 }
 
 /// How one group's part of a round's claim stands to the others'.
@@ -536,9 +542,11 @@ async fn claim_group(
 ) -> sqlx::Result<Option<(store::Claimed, Vec<Uuid>, Vec<Uuid>)>> {
     let work = async |sql: &mut Sql<'_>| {
         let got = store::claim_tenants(sql, shares, now, lease_ms, claim).await?;
+        let taken_by = taken_by_tenant(&got);
+        let taken = |tenant: &Uuid| taken_by.get(tenant).copied().unwrap_or(0);
         let short: Vec<Uuid> = shares
             .iter()
-            .filter(|(tenant, share)| taken_of(&got, *tenant) < *share)
+            .filter(|(tenant, share)| taken(tenant) < *share)
             .map(|(tenant, _)| *tenant)
             .collect();
         if !park {
@@ -547,7 +555,7 @@ async fn claim_group(
         let parked = store::park_tenants(sql, &short, now, lease_ms).await?;
         let none: Vec<Uuid> = short
             .into_iter()
-            .filter(|t| taken_of(&got, *t) == 0 && !parked.contains(t))
+            .filter(|t| taken(t) == 0 && !parked.contains(t))
             .collect();
         let due = store::still_due(sql, &none, now).await?;
         let empty = none.into_iter().filter(|t| !due.contains(t)).collect();
