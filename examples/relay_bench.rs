@@ -427,6 +427,17 @@ async fn until_published(pool: &sqlx::PgPool, tenants: Option<&[Uuid]>) {
     }
 }
 
+/// A transaction of the benchmark's pool without a statement timeout: laying down a
+/// million rows takes longer than the one orderd's pools start with.
+async fn without_timeout(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.expect("a transaction");
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .expect("no timeout");
+    tx
+}
+
 /// Lays down `events` pending events, each of its own order: of `tenant`, or each of
 /// a tenant of its own.
 async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
@@ -436,12 +447,7 @@ async fn seed_backlog(pool: &sqlx::PgPool, events: i64, tenant: Option<Uuid>) {
 /// Lays down `events` pending events, each of its own order, of `tenants` in turn, or
 /// each of a tenant of its own.
 async fn seed_spread(pool: &sqlx::PgPool, events: i64, tenants: Option<Vec<Uuid>>) {
-    // A million rows take longer than the statement timeout orderd's pools start with.
-    let mut tx = pool.begin().await.expect("a transaction");
-    sqlx::query("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await
-        .expect("no timeout");
+    let mut tx = without_timeout(pool).await;
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
          SELECT coalesce(($2::uuid[])[1 + g % cardinality($2::uuid[])], gen_random_uuid()), gen_random_uuid(),
@@ -460,11 +466,7 @@ async fn seed_spread(pool: &sqlx::PgPool, events: i64, tenants: Option<Vec<Uuid>
 /// What the `waiting` condition lays down beside the backlog, of `tenant`: `events` in
 /// backoff for an hour, and `events / 10` behind DEAD events, ten behind each.
 async fn seed_waiting(pool: &sqlx::PgPool, events: i64, tenant: Uuid) {
-    let mut tx = pool.begin().await.expect("a transaction");
-    sqlx::query("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await
-        .expect("no timeout");
+    let mut tx = without_timeout(pool).await;
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at, attempts)
          SELECT $2, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{\"event_type\": \"OrderCreated\"}', now(),
@@ -668,11 +670,7 @@ async fn waiting(
     claims: &PrometheusHandle,
 ) {
     let (db, pool) = fresh(&config).await;
-    let mut tx = pool.begin().await.expect("a transaction");
-    sqlx::query("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await
-        .expect("no timeout");
+    let mut tx = without_timeout(&pool).await;
     sqlx::query(
         "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at,
                                    next_attempt_at, attempts)
