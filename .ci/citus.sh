@@ -1,8 +1,12 @@
 # A local Citus cluster for .ci/citus, .ci/test and .ci/serve --citus. Sourced after
 # lib.sh, not run.
 
-CITUS_DIR="${ORDERD_CITUS_DIR:-/var/tmp/orderd-citus}"
-CITUS_PORT="${ORDERD_CITUS_PORT:-55600}"
+# Ports below the kernel's ephemeral range (32768 to 60999 on Linux): a port in it can be
+# held by any client connection's local end (a test's connection to 5432, say), and a node
+# started later then cannot bind it. The nodes' directory is named by the port, since
+# each node's configuration and the coordinator's worker list hold the ports.
+CITUS_PORT="${ORDERD_CITUS_PORT:-25600}"
+CITUS_DIR="${ORDERD_CITUS_DIR:-/var/tmp/orderd-citus-$CITUS_PORT}"
 CITUS_NODES=(coordinator worker1 worker2)
 
 # The port of node $1 (0 the coordinator, 1 and 2 the workers).

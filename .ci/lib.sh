@@ -4,11 +4,13 @@
 # Order of preference, reusing what is there:
 #   1. DATABASE_URL from the environment, when it answers;
 #   2. a server on 127.0.0.1:5432 that lets user `postgres` in;
-#   3. a throwaway cluster owned by this project in /var/tmp/orderd-pg (started if needed),
+#   3. a throwaway cluster owned by this project in /var/tmp/orderd-pg-PORT (started if needed),
 #      installing Debian's PostgreSQL first when no server binaries exist.
 
 ORDERD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_PORT="${ORDERD_PG_PORT:-55432}"
+# Below the kernel's ephemeral range (32768 to 60999 on Linux): a port in it can be held
+# by any client connection's local end, and a server started later then cannot bind it.
+PG_PORT="${ORDERD_PG_PORT:-25432}"
 
 log() { printf '[orderd] %s\n' "$*" >&2; }
 
@@ -50,7 +52,7 @@ ensure_postgres() {
     fi
     # Outside the checkout: the postgres user must reach it even when the checkout
     # lives in a private home directory.
-    local dir="${ORDERD_PG_DIR:-/var/tmp/orderd-pg}"
+    local dir="${ORDERD_PG_DIR:-/var/tmp/orderd-pg-$PG_PORT}"
     mkdir -p "$dir"
     # initdb refuses to run as root: the cluster belongs to the postgres user.
     local as=()

@@ -33,8 +33,9 @@ mod listen;
 mod lock;
 mod nodes;
 mod pool;
+mod tenant_hash;
 
-pub use self::executor::{End, Placeholders, Sql, Statements};
+pub use self::executor::{End, Placeholders, Planning, Sql, Statements};
 pub use self::layout::{Forms, Layout, layout_of};
 pub use self::listen::{Heard, ListenOn, Liveness, listen};
 pub use self::lock::SessionLock;
@@ -46,6 +47,7 @@ pub use self::pool::{
     ACQUIRE_TIMEOUT, Conn, DEADLINE_MARGIN, Db, PING_IF_IDLE_FOR, PING_TIMEOUT, SERVER_KEEPALIVES,
     Session, begin_statement, connect_db, connect_relay_db, db_of_size,
 };
+pub use self::tenant_hash::tenant_hash;
 
 settings! {
     /// How the process reaches PostgreSQL.

@@ -91,7 +91,10 @@ impl DueTenants {
         if visit.tenants.is_empty() {
             return Ok(None);
         }
-        let tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
+        // In the order of their ids: the claim probes each tenant's index range in the
+        // order given, and ranges read in index order share the pages they pass.
+        let mut tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
+        tenants.sort_unstable();
         let more = self.known.len() > tenants.len();
         let (now, groups) = match c.layout().pick(&GROUPINGS) {
             Grouping::All => (store::round_time(c).await?, vec![tenants]),
@@ -109,12 +112,25 @@ impl DueTenants {
     }
 
     /// After a round's claim: the tenants that had nothing to claim or park are
-    /// forgotten, unless named again since the round began.
-    pub fn claimed(&self, start: &Start, had_nothing: &[Uuid]) {
+    /// forgotten, unless named again since the round began; those that filled their
+    /// share are named again.
+    ///
+    /// A claim skips the rows another lane's or relay's claim holds, and that claim may
+    /// read more rows of a tenant than it takes: they stay due, with due times no later
+    /// look by due time reads again. So a tenant whose rows were all skipped is
+    /// forgotten only by the claim that skipped them, while the claim that held them
+    /// and filled its share names the tenant again, whichever of the two ends first
+    /// (the naming moves the tenant's generation on, so a later forgetting of the
+    /// generation the skipping round saw leaves it). A claim that came back short read
+    /// every due row it could lock: it took them, or parked those that must wait.
+    pub fn claimed(&self, start: &Start, had_nothing: &[Uuid], full: Vec<Uuid>) {
         for (tenant, generation) in &start.visit.tenants {
             if had_nothing.contains(tenant) {
                 self.known.had_nothing(*tenant, *generation);
             }
+        }
+        if !full.is_empty() {
+            self.known.name(full);
         }
     }
 

@@ -16,12 +16,15 @@
 //!   at everything due runs first, whenever the listening session was lost or
 //!   regained (notifications in between may be lost), and every [`FULL_LOOK_EVERY`].
 //!
-//! Each round visits up to `n` of them from where the previous round stopped, named
+//! Each round visits up to `n` of them from where the previous round stopped (in the
+//! order of the hash a distributed database divides into shards, so that a round's
+//! tenants share few shards), named
 //! tenants first (a quiet tenant's new event goes out in the next round however many
 //! tenants the looks found) but with a quarter of the round kept for found ones, so
 //! neither kind waits on the other. A tenant that had nothing to claim or park is
 //! forgotten, unless it was named again meanwhile (each naming moves its generation
-//! on, and only the generation the round saw is forgotten). The workers a look could
+//! on, and only the generation the round saw is forgotten); a tenant that filled its
+//! share is named again (`DueTenants::claimed` says why). The workers a look could
 //! not read are remembered until one reads them again, and rounds leave their tenants
 //! alone meanwhile.
 
@@ -34,6 +37,8 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
+
+use crate::db;
 
 /// How far before the previous look's time a look begins: a row given a due time by a
 /// transaction that committed after that time had passed (a claim's lease written by a
@@ -75,11 +80,39 @@ struct Inner {
     unreachable: Vec<String>,
 }
 
+/// Where a tenant stands in a lane: by the hash a distributed database divides into
+/// shard ranges (`db::tenant_hash`), so that the tenants one round visits share few
+/// shards and it sends few statements; on one server the order only has to go round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    hash: i32,
+    tenant: Uuid,
+}
+
+impl Default for Place {
+    /// The first place: a lane's cursor starts before every tenant.
+    fn default() -> Self {
+        Self {
+            hash: i32::MIN,
+            tenant: Uuid::nil(),
+        }
+    }
+}
+
+impl Place {
+    fn of(tenant: Uuid) -> Self {
+        Self {
+            hash: db::tenant_hash(tenant),
+            tenant,
+        }
+    }
+}
+
 /// Tenants visited in turn, from after a cursor.
 #[derive(Debug, Default)]
 struct Lane {
-    tenants: BTreeMap<Uuid, u64>,
-    cursor: Uuid,
+    tenants: BTreeMap<Place, u64>,
+    cursor: Place,
 }
 
 impl Lane {
@@ -87,18 +120,34 @@ impl Lane {
     /// them, and leaving out those in `taken`.
     fn visit(&mut self, n: usize, taken: &[(Uuid, u64)]) -> Vec<(Uuid, u64)> {
         let cursor = self.cursor;
+        let mut last = None;
         let visit: Vec<(Uuid, u64)> = self
             .tenants
             .range((Bound::Excluded(cursor), Bound::Unbounded))
             .chain(self.tenants.range(..=cursor))
-            .filter(|(t, _)| !taken.iter().any(|(other, _)| other == *t))
+            .filter(|(p, _)| !taken.iter().any(|(other, _)| *other == p.tenant))
             .take(n)
-            .map(|(t, g)| (*t, *g))
+            .map(|(p, g)| {
+                last = Some(*p);
+                (p.tenant, *g)
+            })
             .collect();
-        if let Some((last, _)) = visit.last() {
-            self.cursor = *last;
+        if let Some(last) = last {
+            self.cursor = last;
         }
         visit
+    }
+
+    fn get_mut(&mut self, tenant: Uuid) -> Option<&mut u64> {
+        self.tenants.get_mut(&Place::of(tenant))
+    }
+
+    fn insert(&mut self, tenant: Uuid, generation: u64) {
+        self.tenants.insert(Place::of(tenant), generation);
+    }
+
+    fn remove(&mut self, tenant: Uuid) {
+        self.tenants.remove(&Place::of(tenant));
     }
 }
 
@@ -124,8 +173,8 @@ impl KnownTenants {
         for tenant in tenants {
             inner.generation += 1;
             let generation = inner.generation;
-            inner.found.tenants.remove(&tenant);
-            inner.named.tenants.insert(tenant, generation);
+            inner.found.remove(tenant);
+            inner.named.insert(tenant, generation);
         }
     }
 
@@ -135,10 +184,10 @@ impl KnownTenants {
         for tenant in tenants {
             inner.generation += 1;
             let generation = inner.generation;
-            if let Some(named) = inner.named.tenants.get_mut(&tenant) {
+            if let Some(named) = inner.named.get_mut(tenant) {
                 *named = generation;
             } else {
-                inner.found.tenants.insert(tenant, generation);
+                inner.found.insert(tenant, generation);
             }
         }
         inner.looked_up_to = Some(at);
@@ -232,8 +281,8 @@ impl KnownTenants {
         let mut inner = self.lock();
         let inner = &mut *inner;
         for lane in [&mut inner.named, &mut inner.found] {
-            if lane.tenants.get(&tenant) == Some(&generation) {
-                lane.tenants.remove(&tenant);
+            if lane.get_mut(tenant).is_some_and(|g| *g == generation) {
+                lane.remove(tenant);
             }
         }
     }
@@ -259,11 +308,11 @@ mod tests {
     fn rounds_take_turns_along_the_tenants_and_wrap() {
         let known = KnownTenants::default();
         known.name(ids(5));
-        assert_eq!(visited(&known, 3), ids(3));
-        assert_eq!(
-            visited(&known, 3),
-            vec![Uuid::from_u128(4), Uuid::from_u128(5), Uuid::from_u128(1)]
-        );
+        // In the order of the tenants' hashes.
+        let mut order = ids(5);
+        order.sort_by_key(|t| (db::tenant_hash(*t), *t));
+        assert_eq!(visited(&known, 3), order[..3]);
+        assert_eq!(visited(&known, 3), vec![order[3], order[4], order[0]]);
     }
 
     #[test]
@@ -277,6 +326,33 @@ mod tests {
             known.had_nothing(*tenant, *generation);
         }
         assert_eq!(visited(&known, 5), vec![Uuid::from_u128(1)]);
+    }
+
+    #[test]
+    fn a_tenant_whose_rows_one_round_skipped_stays_known_when_the_round_that_held_them_filled_its_share()
+     {
+        let tenant = Uuid::from_u128(1);
+        // Round `held` locks the tenant's rows and fills its share; round `skipped`
+        // finds them locked and has nothing. Either may end first.
+        for skipped_ends_first in [true, false] {
+            let known = KnownTenants::default();
+            known.name([tenant]);
+            let held = known.visit(1);
+            let skipped = known.visit(1);
+            let forget = || {
+                for (t, generation) in &skipped.tenants {
+                    known.had_nothing(*t, *generation);
+                }
+            };
+            if skipped_ends_first {
+                forget();
+                known.name(held.tenants.iter().map(|(t, _)| *t));
+            } else {
+                known.name(held.tenants.iter().map(|(t, _)| *t));
+                forget();
+            }
+            assert_eq!(visited(&known, 5), vec![tenant], "{skipped_ends_first}");
+        }
     }
 
     #[test]

@@ -250,9 +250,12 @@ impl Relay {
                 let Some(start) = self.tenants.start(c, batch_size as usize).await? else {
                     return Ok(None);
                 };
-                let (claimed, had_nothing) =
-                    claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
-                self.tenants.claimed(&start, &had_nothing);
+                let Claim {
+                    claimed,
+                    had_nothing,
+                    full,
+                } = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
+                self.tenants.claimed(&start, &had_nothing, full);
                 Ok::<_, sqlx::Error>(Some((start.now, claimed, start.more, start.groups)))
             })
             .await?;
@@ -434,14 +437,15 @@ impl Relay {
 /// the tenants that filled theirs and may have more (so a lone backlog still drains in
 /// full batches). Rows that must wait are parked for the tenants that came back short.
 ///
-/// Also says which tenants had nothing to claim and nothing to park.
+/// Also says which tenants had nothing to claim and nothing to park, and which filled
+/// their share (they may have more).
 async fn claim_fairly(
     sql: &mut Sql<'_>,
     start: &Start,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
-) -> sqlx::Result<(store::Claimed, Vec<Uuid>)> {
+) -> sqlx::Result<Claim> {
     let mut claimed = store::Claimed::default();
     let mut had_nothing = Vec::new();
     let share = (batch / start.tenants().max(1) as i64).max(1);
@@ -468,8 +472,13 @@ async fn claim_fairly(
     }
     let left = batch - (claimed.events.len() + claimed.unreadable.len()) as i64;
     let more: usize = filled.iter().map(Vec::len).sum();
+    let full: Vec<Uuid> = filled.iter().flatten().copied().collect();
     if left <= 0 || more == 0 {
-        return Ok((claimed, had_nothing));
+        return Ok(Claim {
+            claimed,
+            had_nothing,
+            full,
+        });
     }
     // What is left, shared out evenly (the first ones one more each).
     let (each, extra) = (left / more as i64, left % more as i64);
@@ -492,7 +501,21 @@ async fn claim_fairly(
             claimed.absorb(got);
         }
     }
-    Ok((claimed, had_nothing))
+    Ok(Claim {
+        claimed,
+        had_nothing,
+        full,
+    })
+}
+
+/// What a round's claim brought, and what it learnt of its tenants.
+struct Claim {
+    claimed: store::Claimed,
+    /// Tenants with nothing to claim and nothing to park.
+    had_nothing: Vec<Uuid>,
+    /// Tenants that filled their share: more of their events may be due, read and let
+    /// go by this claim.
+    full: Vec<Uuid>,
 }
 
 /// How many rows of each tenant a claim brought (events and unreadable rows), counted
@@ -525,8 +548,8 @@ const GROUP_CLAIMS: Forms<GroupClaim> = Forms {
 /// One group's claim of its `shares` and, with `park`, the park of what must wait for
 /// the tenants that came back short (rows that must wait may stand in front of due
 /// ones): what it claimed, the tenant of each row parked, and the tenants that had
-/// nothing due at all (none claimed, none parked, none left due: rows another lane or
-/// relay held are still due, see [`store::STILL_DUE`]).
+/// nothing due at all (none claimed, none parked: rows another lane or relay held
+/// were skipped, and that claim keeps their tenant known, see `DueTenants::claimed`).
 ///
 /// On a distributed database each group (one shard's tenants) is a transaction (or
 /// savepoint) of its own, and one that fails is left out of the round (`None`): a
@@ -553,12 +576,10 @@ async fn claim_group(
             return Ok::<_, sqlx::Error>((got, Vec::new(), Vec::new()));
         }
         let parked = store::park_tenants(sql, &short, now, lease_ms).await?;
-        let none: Vec<Uuid> = short
+        let empty = short
             .into_iter()
             .filter(|t| taken(t) == 0 && !parked.contains(t))
             .collect();
-        let due = store::still_due(sql, &none, now).await?;
-        let empty = none.into_iter().filter(|t| !due.contains(t)).collect();
         Ok((got, parked, empty))
     };
     match sql.layout().pick(&GROUP_CLAIMS) {

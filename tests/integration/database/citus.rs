@@ -68,6 +68,46 @@ async fn the_migrations_distribute_on_citus_and_change_nothing_on_plain_postgres
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_hash_is_the_servers_and_falls_in_the_range_of_the_tenants_shard() {
+    let db = TestDb::new().await;
+    let tenants: Vec<Uuid> = (0..2_000)
+        .map(|_| Uuid::new_v4())
+        .chain([Uuid::nil(), Uuid::max(), Uuid::from_u128(1)])
+        .collect();
+    let server: Vec<(Uuid, i32)> =
+        sqlx::query_as("SELECT t, uuid_hash(t) FROM unnest($1::uuid[]) AS t")
+            .bind(&tenants)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(server.len(), tenants.len());
+    for (tenant, hash) in &server {
+        assert_eq!(orderd::db::tenant_hash(*tenant), *hash, "{tenant}");
+    }
+    if on_citus() {
+        // Each shard holds a contiguous range of the hash: tenants ordered by it are
+        // ordered by shard.
+        let outside: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM unnest($1::uuid[], $2::int[]) AS t(tenant, hash)
+             JOIN pg_dist_shard s
+               ON s.shardid = get_shard_id_for_distribution_column('outbox_event', t.tenant)
+             WHERE t.hash NOT BETWEEN s.shardminvalue::int AND s.shardmaxvalue::int",
+        )
+        .bind(&tenants)
+        .bind(
+            tenants
+                .iter()
+                .map(|t| orderd::db::tenant_hash(*t))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(outside, 0);
+    }
+}
+
 /// The worker (host, port) holding the shard of `table` that `tenant` hashes to.
 async fn placement(conn: &mut PgConnection, table: &str, tenant: Uuid) -> (i64, String, i32) {
     sqlx::query_as(
