@@ -42,22 +42,6 @@ impl Statements {
     }
 }
 
-/// How a statement's plan is made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Planning {
-    /// As the connection sends statements: prepared by name and kept on a direct
-    /// connection, so that PostgreSQL may keep one plan for every execution.
-    Kept,
-    /// Sent unnamed: each execution is planned for its own values and for the tables
-    /// as they are then. For statements whose best plan changes as a table grows from
-    /// empty: a plan PostgreSQL keeps for a prepared statement is made once and kept
-    /// until the table's statistics change, and one made while the outbox was nearly
-    /// empty (a sequential scan to find the events a mark names) kept every mark
-    /// reading the whole table as it grew, until autovacuum's first `ANALYZE`. Planning
-    /// costs a few hundred microseconds a statement.
-    EachTime,
-}
-
 /// The one way orderd's SQL runs: a connection (or a transaction on one) together with
 /// how its statements are sent. A store function takes a `&mut Sql` and builds its
 /// statements with [`Sql::query`], [`Sql::query_as`] or [`Sql::query_scalar`], which
@@ -114,16 +98,20 @@ impl<'c> Sql<'c> {
         sqlx::query_scalar(sql).persistent(self.statements.named)
     }
 
-    /// The same connection, its statements planned as `planning` says.
-    pub fn planned(&mut self, planning: Planning) -> Sql<'_> {
-        let named = match planning {
-            Planning::Kept => self.statements.named,
-            Planning::EachTime => false,
-        };
+    /// The same connection, its statements sent unnamed: each execution is planned for
+    /// its own values and for the tables as they are then. For statements whose best
+    /// plan changes as a table grows from empty: a plan PostgreSQL keeps for a prepared
+    /// statement is made once and kept until the table's statistics change, and one
+    /// made while the outbox was nearly empty (a sequential scan to find the events a
+    /// mark names) kept every mark reading the whole table as it grew, until
+    /// autovacuum's first `ANALYZE`. Planning costs a few hundred microseconds a
+    /// statement. On a distributed database the coordinator then routes each execution
+    /// by its own values too.
+    pub fn replanned(&mut self) -> Sql<'_> {
         Sql {
             conn: self.conn,
             statements: Statements {
-                named,
+                named: false,
                 ..self.statements
             },
         }

@@ -35,7 +35,7 @@ mod nodes;
 mod pool;
 mod tenant_hash;
 
-pub use self::executor::{End, Placeholders, Planning, Sql, Statements};
+pub use self::executor::{End, Placeholders, Sql, Statements};
 pub use self::layout::{Forms, Layout, layout_of};
 pub use self::listen::{Heard, ListenOn, Liveness, listen};
 pub use self::lock::SessionLock;

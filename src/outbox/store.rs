@@ -11,7 +11,7 @@ use sqlx::{FromRow, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use super::wake;
-use crate::db::{self, Forms, Planning, Scan, Sql};
+use crate::db::{self, Forms, Scan, Sql};
 
 /// A claimed event, ready to publish: one row of [`CLAIM_TENANTS`], read as it is.
 #[derive(Debug, Clone, FromRow)]
@@ -193,7 +193,9 @@ macro_rules! mark_published {
 /// walk the pending rows of every tenant by time, which it did where it believed few
 /// rows were pending), with `$2` a value, not `clock_timestamp()` (a volatile call is a
 /// filter the planner cannot bound, and a backlog in retry backoff was then read on
-/// every claim). Rows are locked and updated by their primary key.
+/// every claim). Rows are locked and updated by their primary key. The claim, the park
+/// and the mark are planned at every execution (`Sql::replanned`): a plan kept from
+/// when the outbox was nearly empty reads the whole table once it is not.
 ///
 /// Per-order ordering: an event is leased only when no earlier event of its order is
 /// unpublished (pending, in flight at another relay, or DEAD), so each order has at
@@ -238,17 +240,6 @@ pub const PARK_TENANTS: &str = park_tenants!(one_server);
 /// [`PARK_TENANTS`] on a distributed database, one shard's tenants at a time (see
 /// [`CLAIM_TENANTS_DISTRIBUTED`]).
 pub const PARK_TENANTS_DISTRIBUTED: &str = park_tenants!(distributed);
-
-/// How the claim, the park and the mark are planned. On one server for each execution
-/// (see [`Planning::EachTime`]): their best plans change as the outbox grows from
-/// empty. On a distributed database the coordinator sends each shard its statement as
-/// text, which the worker plans afresh every time anyway; and sent unnamed, these
-/// statements cost Citus about ten statements on the shards for each tenant a round
-/// visited (measured by its counters), against a handful for the whole round.
-const PLANNING: Forms<Planning> = Forms {
-    one_server: Planning::EachTime,
-    distributed: Planning::Kept,
-};
 
 /// The claim's two forms.
 const CLAIM: Forms<&str> = Forms {
@@ -514,7 +505,7 @@ pub async fn claim_tenants(
     }
     let (tenants, sizes): (Vec<Uuid>, Vec<i64>) = shares.iter().copied().unzip();
     let statement = sql.layout().pick(&CLAIM);
-    let mut sql = sql.planned(sql.layout().pick(&PLANNING));
+    let mut sql = sql.replanned();
     let rows: Vec<PgRow> = sql
         .query(statement)
         .bind(&tenants)
@@ -558,7 +549,7 @@ pub async fn park_tenants(
         return Ok(Vec::new());
     }
     let statement = sql.layout().pick(&PARK);
-    let mut sql = sql.planned(sql.layout().pick(&PLANNING));
+    let mut sql = sql.replanned();
     sql.query_scalar(statement)
         .bind(tenants)
         .bind(now)
@@ -618,7 +609,7 @@ pub async fn mark_published(
         return Ok(Marked::default());
     }
     let (tenants, ids): (Vec<Uuid>, Vec<Uuid>) = events.iter().copied().unzip();
-    let mut sql = sql.planned(sql.layout().pick(&PLANNING));
+    let mut sql = sql.replanned();
     let (published, woken): (i64, Vec<Uuid>) = sql
         .query_as(sql.layout().pick(&MARK))
         .bind(&tenants)
