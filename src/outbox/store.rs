@@ -80,6 +80,21 @@ macro_rules! route {
     };
 }
 
+/// The join that lets a statement of the relay commit without waiting for its WAL to
+/// reach the disk, in the layout `$layout`: on one server only. On a distributed
+/// database Citus evaluates the volatile call on the coordinator, where it does
+/// nothing for the workers' commits, and plans the statement's subquery apart from it
+/// (a distributed subplan whose rows go to the coordinator and back to the worker as
+/// an intermediate result): there the statement commits as any other.
+macro_rules! async_commit {
+    (one_server) => {
+        ", (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    };
+    (distributed) => {
+        ""
+    };
+}
+
 /// The claim's text in the layout `$layout` (see [`route`]).
 macro_rules! claim_tenants {
     ($layout:ident) => {
@@ -103,7 +118,7 @@ macro_rules! claim_tenants {
              LIMIT t.share) c)
      UPDATE outbox_event o
      SET next_attempt_at = $2 + $4 * interval '1 millisecond', claimed_by = $5
-     FROM candidates c, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     FROM candidates c", async_commit!($layout), "
      WHERE o.tenant_id = c.tenant_id", route!($layout, "o"), " AND o.event_id = c.event_id
      RETURNING o.tenant_id, o.event_id, o.aggregate_id, o.event_type, o.payload::text AS payload,
                o.attempts, o.trace_parent, o.trace_state, o.payload->>'schema_version' AS schema_version,
@@ -133,7 +148,7 @@ macro_rules! park_tenants {
              FOR UPDATE OF e SKIP LOCKED) s)
      UPDATE outbox_event o
      SET next_attempt_at = greatest(s.waits_until, $2 + $3 * interval '1 millisecond')
-     FROM scan s, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     FROM scan s", async_commit!($layout), "
      WHERE o.tenant_id = s.tenant_id", route!($layout, "o"), " AND o.event_id = s.event_id AND s.waits_until IS NOT NULL
      RETURNING o.tenant_id")
     };
@@ -147,8 +162,9 @@ macro_rules! mark_published {
             "WITH marked AS (
          UPDATE outbox_event o
          SET status = 'PUBLISHED', published_at = $4, last_error = NULL
-         FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id),
-              (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+         FROM unnest($1::uuid[], $2::uuid[]) AS p(tenant_id, event_id)",
+            async_commit!($layout),
+            "
          WHERE o.tenant_id = p.tenant_id",
             route!($layout, "o"),
             " AND o.event_id = p.event_id
@@ -210,9 +226,10 @@ macro_rules! mark_published {
 /// most a lease, never lose it.
 ///
 /// `SKIP LOCKED` lets several relays claim side by side without waiting on each other.
-/// The claim commits asynchronously (no wait for the WAL flush): it is only a lease. If
-/// the database crashes before flushing it, the rows are simply claimable again and
-/// published once more, the duplicate a relay crash causes anyway.
+/// On one server the claim commits asynchronously (no wait for the WAL flush, see
+/// `async_commit!`): it is only a lease. If the database crashes before flushing it,
+/// the rows are simply claimable again and published once more, the duplicate a relay
+/// crash causes anyway.
 pub const CLAIM_TENANTS: &str = claim_tenants!(one_server);
 
 /// [`CLAIM_TENANTS`] on a distributed database, for tenants `$1` whose shard is one:
@@ -299,8 +316,8 @@ pub const TENANTS_PER_ROUND: usize = 100;
 /// parks of each tenant.
 pub const PARK_WINDOW: i64 = 250;
 
-/// Marks a round's acknowledged events `$2` (of tenants `$1`), asynchronously committed
-/// like the claim: a mark lost to a database crash only means those events are
+/// Marks a round's acknowledged events `$2` (of tenants `$1`), on one server
+/// asynchronously committed like the claim: a mark lost to a database crash only means those events are
 /// published once more (consumers drop duplicates by `event_id`), and per-order order
 /// still holds, since an order's next event waits for the lost mark's event to be
 /// published again. Each order's next pending event is due at `$4` (the round's
