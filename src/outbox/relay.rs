@@ -452,28 +452,17 @@ async fn claim_fairly(
     let mut filled: Vec<Vec<Uuid>> = Vec::new();
     for group in &start.groups {
         let shares: Vec<(Uuid, i64)> = group.iter().map(|t| (*t, share)).collect();
-        let Some((got, parked, empty)) =
-            claim_group(sql, &shares, start.now, lease_ms, claim, true).await?
-        else {
+        let Some(got) = claim_group(sql, &shares, start.now, lease_ms, claim, true).await? else {
             continue;
         };
-        let taken_by = taken_by_tenant(&got);
-        let taken = |tenant: &Uuid| taken_by.get(tenant).copied().unwrap_or(0);
-        filled.push(
-            group
-                .iter()
-                .filter(|t| taken(t) == share)
-                .copied()
-                .collect(),
-        );
-        had_nothing.extend(empty);
-        claimed.parked += parked.len();
-        claimed.absorb(got);
+        filled.push(got.full);
+        had_nothing.extend(got.empty);
+        claimed.parked += got.parked.len();
+        claimed.absorb(got.claimed);
     }
     let left = batch - (claimed.events.len() + claimed.unreadable.len()) as i64;
-    let more: usize = filled.iter().map(Vec::len).sum();
     let full: Vec<Uuid> = filled.iter().flatten().copied().collect();
-    if left <= 0 || more == 0 {
+    if left <= 0 || full.is_empty() {
         return Ok(Claim {
             claimed,
             had_nothing,
@@ -481,7 +470,8 @@ async fn claim_fairly(
         });
     }
     // What is left, shared out evenly (the first ones one more each).
-    let (each, extra) = (left / more as i64, left % more as i64);
+    let more = full.len() as i64;
+    let (each, extra) = (left / more, left % more);
     let mut nth = 0i64;
     for group in filled {
         let shares: Vec<(Uuid, i64)> = group
@@ -495,10 +485,8 @@ async fn claim_fairly(
         if shares.is_empty() {
             continue;
         }
-        if let Some((got, _, _)) =
-            claim_group(sql, &shares, start.now, lease_ms, claim, false).await?
-        {
-            claimed.absorb(got);
+        if let Some(got) = claim_group(sql, &shares, start.now, lease_ms, claim, false).await? {
+            claimed.absorb(got.claimed);
         }
     }
     Ok(Claim {
@@ -529,6 +517,17 @@ fn taken_by_tenant(claimed: &store::Claimed) -> HashMap<Uuid, i64> {
     taken
 }
 
+/// One group's part of a round's claim.
+struct GroupClaimed {
+    claimed: store::Claimed,
+    /// Its tenants that filled their share (they may have more).
+    full: Vec<Uuid>,
+    /// The tenant of each row parked (with `park`).
+    parked: Vec<Uuid>,
+    /// Its tenants with nothing claimed and nothing parked (with `park`).
+    empty: Vec<Uuid>,
+}
+
 /// How one group's part of a round's claim stands to the others'.
 #[derive(Clone, Copy, Debug)]
 enum GroupClaim {
@@ -547,9 +546,10 @@ const GROUP_CLAIMS: Forms<GroupClaim> = Forms {
 
 /// One group's claim of its `shares` and, with `park`, the park of what must wait for
 /// the tenants that came back short (rows that must wait may stand in front of due
-/// ones): what it claimed, the tenant of each row parked, and the tenants that had
-/// nothing due at all (none claimed, none parked: rows another lane or relay held
-/// were skipped, and that claim keeps their tenant known, see `DueTenants::claimed`).
+/// ones): what it claimed, which tenants filled their share, the tenant of each row
+/// parked, and the tenants that had nothing due at all (none claimed, none parked:
+/// rows another lane or relay held were skipped, and that claim keeps their tenant
+/// known, see `DueTenants::claimed`).
 ///
 /// On a distributed database each group (one shard's tenants) is a transaction (or
 /// savepoint) of its own, and one that fails is left out of the round (`None`): a
@@ -562,25 +562,33 @@ async fn claim_group(
     lease_ms: i64,
     claim: Uuid,
     park: bool,
-) -> sqlx::Result<Option<(store::Claimed, Vec<Uuid>, Vec<Uuid>)>> {
+) -> sqlx::Result<Option<GroupClaimed>> {
     let work = async |sql: &mut Sql<'_>| {
-        let got = store::claim_tenants(sql, shares, now, lease_ms, claim).await?;
-        let taken_by = taken_by_tenant(&got);
+        let claimed = store::claim_tenants(sql, shares, now, lease_ms, claim).await?;
+        let taken_by = taken_by_tenant(&claimed);
         let taken = |tenant: &Uuid| taken_by.get(tenant).copied().unwrap_or(0);
-        let short: Vec<Uuid> = shares
-            .iter()
-            .filter(|(tenant, share)| taken(tenant) < *share)
-            .map(|(tenant, _)| *tenant)
-            .collect();
-        if !park {
-            return Ok::<_, sqlx::Error>((got, Vec::new(), Vec::new()));
+        let (mut full, mut short) = (Vec::new(), Vec::new());
+        for (tenant, share) in shares {
+            if taken(tenant) >= *share {
+                full.push(*tenant);
+            } else {
+                short.push(*tenant);
+            }
         }
-        let parked = store::park_tenants(sql, &short, now, lease_ms).await?;
-        let empty = short
-            .into_iter()
-            .filter(|t| taken(t) == 0 && !parked.contains(t))
-            .collect();
-        Ok((got, parked, empty))
+        let mut got = GroupClaimed {
+            claimed,
+            full,
+            parked: Vec::new(),
+            empty: Vec::new(),
+        };
+        if park {
+            got.parked = store::park_tenants(sql, &short, now, lease_ms).await?;
+            got.empty = short
+                .into_iter()
+                .filter(|t| taken(t) == 0 && !got.parked.contains(t))
+                .collect();
+        }
+        Ok::<_, sqlx::Error>(got)
     };
     match sql.layout().pick(&GROUP_CLAIMS) {
         GroupClaim::InTheRound => work(sql).await.map(Some),
