@@ -19,12 +19,13 @@ bench_orderd_start() {
 }
 
 # Serves the (migrated) database at BENCH_URL with the binary $1, logging to $2, set up
-# as bench_orderd_start does; sets PORT, BASE, ORDERD_PID and exports TOKEN.
+# as bench_orderd_start does (BENCH_RELAY=on runs its relay too, publishing where the
+# environment says); sets PORT, BASE, ORDERD_PID and exports TOKEN.
 bench_orderd_serve() {
     local bin="$1" log="$2"
     export ORDERD_JWT_HS256_SECRET="bench-secret-0123456789abcdef0123456789"
     PORT="$(free_port)"
-    DATABASE_URL="$BENCH_URL" ORDERD_BIND="127.0.0.1:$PORT" ORDERD_RELAY=off ORDERD_MIGRATE=off \
+    DATABASE_URL="$BENCH_URL" ORDERD_BIND="127.0.0.1:$PORT" ORDERD_RELAY="${BENCH_RELAY:-off}" ORDERD_MIGRATE=off \
         ORDERD_TENANT_RATE_PER_SEC=0 ORDERD_TENANT_MAX_IN_FLIGHT=10000 \
         ORDERD_RECONCILE_INTERVAL_SECS=0 ORDERD_WORKER_THREADS="${ORDERD_WORKER_THREADS:-1}" \
         RUST_LOG=warn "$bin" serve 2>"$log" &

@@ -3,6 +3,7 @@
 //
 //   k6 run -e ORDERD_JWT_HS256_SECRET=... -e RATE=300 -e DURATION=2m k6/load.js
 //   k6 run ... -e P99_MS=50 k6/load.js      (a full manual run may also hold p99 to a bound)
+//   k6 run ... -e TENANTS=2000 k6/load.js   (the operations spread over that many tenants)
 //
 // SELFTEST=new-key-on-retry makes the "retries" new operations (a fresh key): they are
 // not replays, and the run must fail.
@@ -46,13 +47,15 @@ export const options = {
 };
 
 export function setup() {
-  return { token: token(uuid()) };
+  return { tokens: Array.from({ length: Math.max(1, envNumber('TENANTS', 1)) }, () => token(uuid())) };
 }
 
 export default function (data) {
+  // Each operation on a tenant in turn; a retry on the same tenant as its create.
+  const tenantToken = data.tokens[__ITER % data.tokens.length];
   const key = `k6-load-${uuid()}`;
   const body = JSON.stringify({ sku: 'LOAD-1', quantity: 1 + (__ITER % 5) });
-  const created = http.post(`${BASE_URL}/v1/orders`, body, { headers: headers(data.token, key), tags: { kind: 'create' } });
+  const created = http.post(`${BASE_URL}/v1/orders`, body, { headers: headers(tenantToken, key), tags: { kind: 'create' } });
   if (created.status === 201) {
     answers201.add(1);
   }
@@ -61,7 +64,7 @@ export default function (data) {
   // One operation in five is retried by its client.
   if (__ITER % 5 === 0) {
     const retryKey = __ENV.SELFTEST === 'new-key-on-retry' ? `k6-load-${uuid()}` : key;
-    const replay = http.post(`${BASE_URL}/v1/orders`, body, { headers: headers(data.token, retryKey), tags: { kind: 'replay' } });
+    const replay = http.post(`${BASE_URL}/v1/orders`, body, { headers: headers(tenantToken, retryKey), tags: { kind: 'replay' } });
     check(replay, {
       'replay answers 201': (r) => r.status === 201,
       'replay is flagged': (r) => r.headers['Idempotent-Replayed'] === 'true',
@@ -69,7 +72,7 @@ export default function (data) {
     }, { kind: 'replay' });
   }
   if (__ITER % 3 === 0) {
-    const list = http.get(`${BASE_URL}/v1/orders?limit=20`, { headers: headers(data.token), tags: { kind: 'list' } });
+    const list = http.get(`${BASE_URL}/v1/orders?limit=20`, { headers: headers(tenantToken), tags: { kind: 'list' } });
     check(list, { 'list answers 200': (r) => r.status === 200 }, { kind: 'list' });
   }
 }

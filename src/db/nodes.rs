@@ -89,6 +89,11 @@ impl Node {
     pub fn shards_of(&self, table: &str) -> usize {
         self.shards.get(table).map_or(0, Vec::len)
     }
+
+    /// The names of its shards of `table`, as the worker knows them.
+    pub fn shard_names(&self, table: &str) -> &[String] {
+        self.shards.get(table).map(Vec::as_slice).unwrap_or(&[])
+    }
 }
 
 /// The nodes holding shards of `tables`, with their shards of each.

@@ -7,10 +7,9 @@
 //! The layouts differ in how a round's tenants are grouped into statements: on one
 //! server one statement claims for all of them; on a distributed database one statement
 //! claims for each shard's (Citus runs `FOR UPDATE` only in a statement that one shard
-//! answers), the shard looked up in the coordinator's metadata as the round starts. On
-//! one server the strategy's side job also keeps the planner's statistics current
-//! (`statistics`); on a distributed database each worker's autovacuum keeps its
-//! shards'.
+//! answers), the shard looked up in the coordinator's metadata as the round starts. The
+//! strategy's side job also keeps the planner's statistics current (`statistics`): the
+//! table's on one server, each shard's on its worker on a distributed database.
 
 use std::{sync::Arc, time::Duration};
 
@@ -48,12 +47,6 @@ enum Grouping {
 const GROUPINGS: Forms<Grouping> = Forms {
     one_server: Grouping::All,
     distributed: Grouping::ByShard,
-};
-
-/// Whether the side job keeps the planner's statistics current (with `analyze`).
-const KEEPS_STATISTICS: Forms<bool> = Forms {
-    one_server: true,
-    distributed: false,
 };
 
 /// One round's tenants and the database's time it judges by.
@@ -158,8 +151,7 @@ impl DueTenants {
     }
 
     /// Starts the strategy's side jobs under `parts`: the look at the table every
-    /// `poll`, and on one server (with `analyze`) the statistics check, once first,
-    /// before any round.
+    /// `poll`, and (with `analyze`) the statistics check, once first, before any round.
     pub async fn start_side_jobs(
         &self,
         parts: &Supervisor,
@@ -168,7 +160,7 @@ impl DueTenants {
         wake: &Arc<Notify>,
         poll: Duration,
     ) {
-        if analyze && db.layout().pick(&KEEPS_STATISTICS) {
+        if analyze {
             // Once before the first round (a backlog laid down while no relay ran
             // would otherwise meet stale plans first), then beside the lanes, not in
             // them: a lane that waited for it would start its next round in step with

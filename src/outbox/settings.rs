@@ -19,7 +19,7 @@ settings! {
         publish_timeout: Duration = parse::millis [OUTBOX_PUBLISH_TIMEOUT_MS, "ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", Some("10000"), range(100, 120_000), "bound on one SNS call, or on a Kafka record's delivery (its `message.timeout.ms`)"],
         /// Whether the relay analyses `outbox_event` when a backlog outgrew the
         /// planner's statistics (see [`super::statistics`]).
-        analyze: bool = parse::switch [OUTBOX_ANALYZE, "ORDERD_OUTBOX_ANALYZE", Some("on"), Kind::Switch, "the relay runs `ANALYZE outbox_event` when more than half of the table changed, or it more than doubled, since its last one (a bulk import, a re-drive), so that its statements keep their plans; needs the table's or the database's owner"],
+        analyze: bool = parse::switch [OUTBOX_ANALYZE, "ORDERD_OUTBOX_ANALYZE", Some("on"), Kind::Switch, "the relay runs `ANALYZE outbox_event` when more than half of the table changed, or it more than doubled, since its last one (a bulk import, a re-drive), so that its statements keep their plans (on Citus, of each shard that did, on its worker); needs the table's or the database's owner"],
         /// How long published rows are kept before the purge deletes them.
         retention: Duration = parse::secs [OUTBOX_RETENTION_SECS, "ORDERD_OUTBOX_RETENTION_SECS", Some("86400"), range(1, 31_536_000), "how long published events are kept before the purge deletes them"],
     }

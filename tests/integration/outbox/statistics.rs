@@ -1,55 +1,80 @@
 //! The relay keeps the outbox's planner statistics in step with a backlog that landed
-//! after the last `ANALYZE` (decision 141): statistics taken while every event was
-//! published say no event is pending, and the relay's statements then read every
-//! pending row. Read from the database's own counters, not from a clock.
+//! after the last `ANALYZE` (decisions 141 and 167): statistics taken while every event
+//! was published say no event is pending, and the relay's statements then read every
+//! pending row. On Citus the statistics that count are each shard's, on its worker.
+//! Read from the database's own counters, not from a clock.
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::support::{
-    TestDb, settings,
+    TestDb, on_citus, settings,
     sns::{Topic, moto_endpoint, publisher},
 };
 
-/// Manual `ANALYZE`s of `outbox_event` so far, and rows changed since the last one.
+/// Manual `ANALYZE`s of `outbox_event` so far, and rows changed since the last one (on
+/// Citus, of its shards, summed).
 async fn analysed(db: &TestDb) -> (i64, i64) {
-    sqlx::query_as(
+    let counters = if on_citus() {
+        "SELECT sum(split_part(result, ',', 1)::bigint)::bigint, sum(split_part(result, ',', 2)::bigint)::bigint
+         FROM run_command_on_shards('outbox_event',
+             $$SELECT pg_stat_get_analyze_count('%1$s'::regclass) || ',' || pg_stat_get_mod_since_analyze('%1$s'::regclass)$$)"
+    } else {
         "SELECT pg_stat_get_analyze_count('outbox_event'::regclass),
-                pg_stat_get_mod_since_analyze('outbox_event'::regclass)",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap()
+                pg_stat_get_mod_since_analyze('outbox_event'::regclass)"
+    };
+    sqlx::query_as(counters).fetch_one(&db.pool).await.unwrap()
 }
+
+/// Waits until `analysed` says `wanted` of what it reads.
+async fn until_analysed(db: &TestDb, wanted: impl Fn((i64, i64)) -> bool) {
+    for _ in 0..600 {
+        if wanted(analysed(db).await) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the outbox's statistics counters never read as wanted: {:?}",
+        analysed(db).await
+    );
+}
+
+/// The tenant whose backlog lands after the last `ANALYZE`.
+const BACKLOG: Uuid = Uuid::from_u128(0xb);
 
 /// A database that ran a while (2,000 published events of one tenant, analysed), then
 /// 30,000 events of a new tenant laid down by SQL, in retry backoff for an hour (so
 /// that the relay has nothing to publish and only its statistics check runs).
 async fn stale() -> TestDb {
     let db = TestDb::new().await;
-    sqlx::raw_sql(
-        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+    let published = "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
                                    occurred_at, next_attempt_at, status, published_at)
          SELECT '00000000-0000-0000-0000-00000000000a', gen_random_uuid(), gen_random_uuid(), 1,
                 'OrderCreated', '{}', now(), now(), 'PUBLISHED', now()
-         FROM generate_series(1, 2000);
-         ANALYZE outbox_event;
-         INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
+         FROM generate_series(1, 2000)";
+    let backlog = "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload,
                                    occurred_at, next_attempt_at)
          SELECT '00000000-0000-0000-0000-00000000000b', gen_random_uuid(), gen_random_uuid(), 1,
                 'OrderCreated', '{}', now(), now() + interval '1 hour'
-         FROM generate_series(1, 30000);
-         SELECT pg_stat_force_next_flush();",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    // A session publishes its counters when it goes idle, at most once a second.
-    db.until_count(
-        "SELECT (pg_stat_get_mod_since_analyze('outbox_event'::regclass) >= 30000)::int::bigint",
-        1,
-    )
-    .await;
+         FROM generate_series(1, 30000)";
+    // A session publishes its counters when it goes idle, at most once a second (on
+    // Citus the sessions are the coordinator's to the workers): the `ANALYZE` waits for
+    // the first rows' count, or their count would land after it.
+    let run = async |statement: &str| {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "{statement}; SELECT pg_stat_force_next_flush()"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    };
+    run(published).await;
+    until_analysed(&db, |(_, changed)| changed >= 2_000).await;
+    run("ANALYZE outbox_event").await;
+    until_analysed(&db, |(_, changed)| changed == 0).await;
+    run(backlog).await;
+    until_analysed(&db, |(_, changed)| changed >= 30_000).await;
     db
 }
 
@@ -74,43 +99,40 @@ async fn relay(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_only_then() {
-    if crate::support::one_server_only(
-        "the relay's statistics job runs on one server only; each Citus worker's autovacuum analyses its own shards",
-    ) {
-        return;
-    }
     let db = stale().await;
     let (before, _) = analysed(&db).await;
     let (stop, running) = relay(&db, &[]).await;
-    db.until_count(
-        &format!("SELECT pg_stat_get_analyze_count('outbox_event'::regclass) - {before}"),
-        1,
-    )
-    .await;
+    // On Citus: the backlog's shard, the one that changed.
+    until_analysed(&db, |(count, _)| count > before).await;
     stop.cancel();
     running.await.unwrap();
     let (after, changed) = analysed(&db).await;
     assert_eq!(after, before + 1, "one ANALYZE by the relay, not two");
     assert!(changed < 1_000, "{changed} rows changed since");
-    // With fresh statistics the claim reads each tenant's pending rows by tenant, not
-    // all of them by another index.
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN {}",
+    // With fresh statistics the claim reads the backlog's pending rows by tenant, not
+    // all of them by another index, and looks up each candidate's order by its index
+    // (statistics that called the shard empty made Citus's workers read every row of
+    // the tenant for each candidate).
+    let claim = if on_citus() {
+        orderd::outbox::store::CLAIM_TENANTS_DISTRIBUTED
+    } else {
         orderd::outbox::store::CLAIM_TENANTS
-    )))
-    .bind(vec![Uuid::new_v4(), Uuid::new_v4()])
-    .bind(chrono::Utc::now())
-    .bind(vec![50i64, 50])
-    .bind(16_000i64)
-    .bind(Uuid::new_v4())
-    .bind(orderd::outbox::store::PARK_WINDOW)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    };
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {claim}")))
+        .bind(vec![BACKLOG])
+        .bind(chrono::Utc::now())
+        .bind(vec![100i64])
+        .bind(16_000i64)
+        .bind(Uuid::new_v4())
+        .bind(orderd::outbox::store::PARK_WINDOW)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
     let plan = plan.join("\n");
     assert!(plan.contains("outbox_event_pending_by_tenant"), "{plan}");
     assert!(!plan.contains("Bitmap"), "{plan}");
     assert!(!plan.contains("outbox_event_pending_age"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
 
     // A few more changes, far below the threshold: the check leaves the table alone.
     sqlx::query("UPDATE outbox_event SET attempts = 1 WHERE event_id IN (SELECT event_id FROM outbox_event LIMIT 500)")
@@ -128,11 +150,6 @@ async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_orderd_outbox_analyze_off_the_relay_leaves_the_statistics_alone() {
-    if crate::support::one_server_only(
-        "the relay's statistics job runs on one server only; each Citus worker's autovacuum analyses its own shards",
-    ) {
-        return;
-    }
     let db = stale().await;
     let (before, _) = analysed(&db).await;
     let (stop, running) = relay(&db, &[("ORDERD_OUTBOX_ANALYZE", "off")]).await;
