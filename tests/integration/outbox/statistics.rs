@@ -12,32 +12,35 @@ use crate::support::{
     sns::{Topic, moto_endpoint, publisher},
 };
 
-/// Manual `ANALYZE`s of `outbox_event` so far, and rows changed since the last one (on
-/// Citus, of its shards, summed).
-async fn analysed(db: &TestDb) -> (i64, i64) {
-    let counters = if on_citus() {
-        "SELECT sum(split_part(result, ',', 1)::bigint)::bigint, sum(split_part(result, ',', 2)::bigint)::bigint
+/// Manual `ANALYZE`s of `outbox_event` so far (`analyzed`), and rows changed since the
+/// last one (`changed`): on Citus, of its shards, summed.
+fn counters() -> &'static str {
+    if on_citus() {
+        "SELECT sum(split_part(result, ',', 1)::bigint)::bigint AS analyzed,
+                sum(split_part(result, ',', 2)::bigint)::bigint AS changed
          FROM run_command_on_shards('outbox_event',
              $$SELECT pg_stat_get_analyze_count('%1$s'::regclass) || ',' || pg_stat_get_mod_since_analyze('%1$s'::regclass)$$)"
     } else {
-        "SELECT pg_stat_get_analyze_count('outbox_event'::regclass),
-                pg_stat_get_mod_since_analyze('outbox_event'::regclass)"
-    };
-    sqlx::query_as(counters).fetch_one(&db.pool).await.unwrap()
+        "SELECT pg_stat_get_analyze_count('outbox_event'::regclass) AS analyzed,
+                pg_stat_get_mod_since_analyze('outbox_event'::regclass) AS changed"
+    }
 }
 
-/// Waits until `analysed` says `wanted` of what it reads.
-async fn until_analysed(db: &TestDb, wanted: impl Fn((i64, i64)) -> bool) {
-    for _ in 0..600 {
-        if wanted(analysed(db).await) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!(
-        "the outbox's statistics counters never read as wanted: {:?}",
-        analysed(db).await
-    );
+/// What [`counters`] reads now.
+async fn analysed(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as(counters())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until the counters meet `condition` (SQL over `analyzed` and `changed`).
+async fn until_analysed(db: &TestDb, condition: &str) {
+    db.until_count(
+        &format!("SELECT ({condition})::int::bigint FROM ({}) c", counters()),
+        1,
+    )
+    .await;
 }
 
 /// The tenant whose backlog lands after the last `ANALYZE`.
@@ -70,11 +73,11 @@ async fn stale() -> TestDb {
         .unwrap();
     };
     run(published).await;
-    until_analysed(&db, |(_, changed)| changed >= 2_000).await;
+    until_analysed(&db, "changed >= 2000").await;
     run("ANALYZE outbox_event").await;
-    until_analysed(&db, |(_, changed)| changed == 0).await;
+    until_analysed(&db, "changed = 0").await;
     run(backlog).await;
-    until_analysed(&db, |(_, changed)| changed >= 30_000).await;
+    until_analysed(&db, "changed >= 30000").await;
     db
 }
 
@@ -103,7 +106,7 @@ async fn a_relay_analyses_the_outbox_when_a_backlog_outgrew_its_statistics_and_o
     let (before, _) = analysed(&db).await;
     let (stop, running) = relay(&db, &[]).await;
     // On Citus: the backlog's shard, the one that changed.
-    until_analysed(&db, |(count, _)| count > before).await;
+    until_analysed(&db, &format!("analyzed > {before}")).await;
     stop.cancel();
     running.await.unwrap();
     let (after, changed) = analysed(&db).await;
