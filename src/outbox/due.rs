@@ -72,7 +72,9 @@ impl DueTenants {
     /// when this relay knows of no tenant with due events (the round asks nothing of
     /// the database).
     pub async fn start(&self, c: &mut Sql<'_>, n: usize) -> sqlx::Result<Option<Start>> {
-        let mut visit = self.known.visit(n.clamp(1, TENANTS_PER_ROUND));
+        let mut visit = self
+            .known
+            .visit(n.clamp(1, c.layout().pick(&TENANTS_PER_ROUND)));
         let unreachable = self.known.unreachable();
         if !unreachable.is_empty() && !visit.tenants.is_empty() {
             // Their claims would wait on a worker that does not answer.
