@@ -320,12 +320,8 @@ async fn a_backlog_spread_over_many_tenants_drains_round_after_round_without_wai
 
 /// How many tenants a round visits at most in the layout under test.
 fn tenants_per_round() -> i64 {
-    let per_round = orderd::outbox::store::TENANTS_PER_ROUND;
-    if crate::support::on_citus() {
-        per_round.distributed as i64
-    } else {
-        per_round.one_server as i64
-    }
+    orderd::db::Layout::of(crate::support::on_citus())
+        .pick(&orderd::outbox::store::TENANTS_PER_ROUND) as i64
 }
 
 /// Lays down one due event for each of `tenants`, due `due` (an SQL time).
