@@ -82,7 +82,7 @@ const ONE_SERVER_ONLY: [OneServerOnly; 2] = [
         name: "outbox_event: the wake-up trigger",
         exists: "EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_event_notify')",
         drop: "DROP TRIGGER IF EXISTS outbox_event_notify ON outbox_event",
-        create: "CREATE TRIGGER outbox_event_notify AFTER INSERT ON outbox_event REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify()",
+        create: "CREATE TRIGGER outbox_event_notify AFTER INSERT ON outbox_event FOR EACH ROW EXECUTE FUNCTION outbox_event_notify()",
     },
     OneServerOnly {
         name: "outbox_event: the index by due time",

@@ -70,6 +70,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261206000014_outbox_notify_tenants.sql",
         "eb17b2e8d1557542dc7d0d94a2d4db9a73b55f3ca44263f35ad81eb85157b747",
     ),
+    (
+        "20261207000015_outbox_notify_per_row.sql",
+        "923f34c6c02aeac7d6bd3ee02219e9a729162d92015d09c2a4aed4f85125c62a",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

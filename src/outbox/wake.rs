@@ -3,14 +3,16 @@
 //! commit, dropped at rollback), so a relay visits the tenants it hears of instead of
 //! walking the table (`known`).
 //!
-//! On a single server the insert trigger on `outbox_event` sends it, one notification
-//! per statement naming its tenants. On a distributed database (Citus) a trigger would
-//! fire on the worker that holds the tenant's shard, where no relay listens, and a
-//! table with a trigger cannot be distributed at all; so there the writer sends it
-//! itself, one more statement of its transaction, run on the coordinator
-//! ([`in_transaction`]). Either way the notification reaches the relays before the
-//! client has its answer. A re-drive, which inserts nothing, names its tenants with
-//! [`notify`].
+//! On a single server the insert trigger on `outbox_event` sends it, per row, naming
+//! the row's tenant; PostgreSQL folds a transaction's identical notifications, so a
+//! tenant is named once a transaction (a row trigger reads only the new row, where a
+//! statement trigger's transition table cost a create more than its notification). On
+//! a distributed database (Citus) a trigger would fire on the worker that holds the
+//! tenant's shard, where no relay listens, and a table with a trigger cannot be
+//! distributed at all; so there the writer sends it itself, one more statement of its
+//! transaction, run on the coordinator ([`in_transaction`]). Either way the
+//! notification reaches the relays before the client has its answer. A re-drive,
+//! which inserts nothing, names its tenants with [`notify`].
 
 use uuid::Uuid;
 

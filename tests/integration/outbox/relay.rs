@@ -957,10 +957,10 @@ async fn the_relay_publishes_while_stalled_requests_hold_every_api_connection() 
 }
 
 /// On one server the insert trigger wakes the relays with the tenants an insert wrote
-/// events for, as the writers do on Citus: one notification per statement, naming each
-/// tenant once.
+/// events for, as the writers do on Citus: one notification per tenant of the
+/// transaction, its rows' identical notifications folded into one (decision 170).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_insert_trigger_names_the_tenants_of_the_statement_s_events() {
+async fn the_insert_trigger_names_each_tenant_of_a_transaction_once() {
     if crate::support::one_server_only(
         "the trigger of one server; on Citus the writers notify (decision 147), and no table of a cluster has the trigger",
     ) {
@@ -972,20 +972,36 @@ async fn the_insert_trigger_names_the_tenants_of_the_statement_s_events() {
         .listen(orderd::outbox::relay::CHANNEL)
         .await
         .unwrap();
-    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-    sqlx::query(
-        "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
+    let insert = "INSERT INTO outbox_event (tenant_id, event_id, aggregate_id, aggregate_seq, event_type, payload, occurred_at, next_attempt_at)
          SELECT t, gen_random_uuid(), gen_random_uuid(), 1, 'OrderCreated', '{}', now(), now()
-         FROM unnest($1::uuid[]) t",
-    )
-    .bind(vec![a, b, a])
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let heard = listener.recv().await.unwrap();
-    let mut named = orderd::outbox::wake::tenants_of(heard.payload());
+         FROM unnest($1::uuid[]) t";
+    let (a, b, last) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let mut tx = db.pool.begin().await.unwrap();
+    for tenants in [vec![a, b, a], vec![b, a]] {
+        sqlx::query(insert)
+            .bind(tenants)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    // A later transaction's notification marks the end of the first one's.
+    sqlx::query(insert)
+        .bind(vec![last])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut named = Vec::new();
+    loop {
+        let heard = listener.recv().await.unwrap();
+        let tenants = orderd::outbox::wake::tenants_of(heard.payload());
+        if tenants == [last] {
+            break;
+        }
+        named.extend(tenants);
+    }
     named.sort();
     let mut want = vec![a, b];
     want.sort();
-    assert_eq!(named, want);
+    assert_eq!(named, want, "each tenant of the transaction named once");
 }
