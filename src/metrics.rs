@@ -33,6 +33,11 @@ pub const RECONCILE_KEYS: &str = "reconcile_keys_without_order";
 pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
 pub const JOB_RUNS: &str = "background_job_runs_total";
 pub const REPLAY_CACHE_DROPS: &str = "idempotency_replay_cache_drops_total";
+pub const DB_ROUTES: &str = "db_tenant_routes_total";
+/// Where a tenant's transaction went on a distributed database: to the node that
+/// holds its shard, or through the coordinator (routing off, the node down, its
+/// route not known), which forwards it.
+pub const DB_ROUTE_KINDS: [&str; 2] = ["node", "coordinator"];
 
 /// A bounded set of label values with one spelling each, owned by the module whose
 /// concept it is (an endpoint, an outcome, an event type, a route). `ALL` lets the
@@ -237,6 +242,10 @@ fn describe() {
         REPLAY_CACHE_DROPS,
         "What this process dropped from its replay cache on hearing that stored answers were forgotten: one key (`key`), or everything (`all`: a tenant's erasure, or the listening session established or lost)"
     );
+    describe_counter!(
+        DB_ROUTES,
+        "Tenant transactions on a distributed database, by where they were sent: `node` (the node that holds the tenant's shard) or `coordinator` (forwarded from there: routing off, the node down or its route not yet known); none on one server"
+    );
     describe_gauge!(
         RECONCILE_LAST_RUN,
         Unit::Seconds,
@@ -266,6 +275,9 @@ fn zero(known: &KnownLabels) {
     }
     for what in REPLAY_CACHE_DROP_KINDS {
         counter!(REPLAY_CACHE_DROPS, "what" => what).absolute(0);
+    }
+    for route in DB_ROUTE_KINDS {
+        counter!(DB_ROUTES, "route" => route).absolute(0);
     }
     gauge!(OUTBOX_PENDING).set(0.0);
     gauge!(OUTBOX_OLDEST_AGE).set(0.0);
@@ -325,6 +337,11 @@ pub fn replay_cache_dropped(all: bool) {
 /// `failed`, or `skipped` when another process holds the job's lock).
 pub fn job_run(job: &'static str, outcome: &'static str) {
     counter!(JOB_RUNS, "job" => job, "outcome" => outcome).increment(1);
+}
+
+/// A tenant's transaction sent to `route` (one of [`DB_ROUTE_KINDS`]).
+pub fn db_route(route: &'static str) {
+    counter!(DB_ROUTES, "route" => route).increment(1);
 }
 
 pub fn rate_limited(route: impl Label) {

@@ -198,6 +198,7 @@ impl Application {
             db: relay_db,
         }) = self.relay
         {
+            spawn_route_follower(&supervisor, &relay_db);
             let relay = Relay::new(
                 relay_db,
                 db::listen_on(&self.config.db)?,
@@ -357,6 +358,7 @@ fn limits(config: &Config) -> Limits {
 /// its purges.
 fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: Purges) {
     supervisor.spawn("metrics upkeep", drain_histograms);
+    spawn_route_follower(supervisor, db);
     let gauges_db = db.clone();
     supervisor.spawn("outbox gauges", |token| {
         outbox::gauges::run(gauges_db, token)
@@ -365,6 +367,34 @@ fn spawn_common_jobs(supervisor: &Supervisor, db: &Db, config: &Config, purges: 
     let interval = config.retention.interval;
     supervisor.spawn("retention purges", move |token| {
         retention::run(purge_db, interval, purges, token)
+    });
+}
+
+/// Keeps `db`'s routes to the Citus nodes current, when it has any: the placements'
+/// checksum is read every [`db::FOLLOW_EVERY`], and the routes again when it changed
+/// (a shard moved), so that a moved tenant's statements follow it within about that
+/// long (until then the old node forwards them).
+fn spawn_route_follower(supervisor: &Supervisor, db: &Db) {
+    if db.routes().is_none() {
+        return;
+    }
+    let db = db.clone();
+    supervisor.spawn("citus routes", move |token| async move {
+        let every = Every {
+            interval: db::FOLLOW_EVERY,
+            first: First::AfterInterval,
+            after_failure: None,
+        };
+        let mut schedule = Schedule::new("citus routes", every, token);
+        while schedule.next().await {
+            let Some(followed) = schedule.unless_shutdown(db.follow_routes()).await else {
+                return;
+            };
+            schedule.ran(match followed {
+                Ok(_) => Run::Done,
+                Err(e) => Run::Failed(e.to_string()),
+            });
+        }
     });
 }
 

@@ -33,6 +33,7 @@ mod listen;
 mod lock;
 mod nodes;
 mod pool;
+mod routes;
 mod tenant_hash;
 
 pub use self::executor::{End, Placeholders, Sql, Statements};
@@ -47,6 +48,7 @@ pub use self::pool::{
     ACQUIRE_TIMEOUT, Conn, DEADLINE_MARGIN, Db, PING_IF_IDLE_FOR, PING_TIMEOUT, SERVER_KEEPALIVES,
     Session, begin_statement, connect_db, connect_relay_db, db_of_size,
 };
+pub use self::routes::{FOLLOW_EVERY, NodeHealth, Routes};
 pub use self::tenant_hash::tenant_hash;
 
 settings! {
@@ -63,6 +65,10 @@ settings! {
         pool_size: u32 = parse::number [DB_POOL_SIZE, "ORDERD_DB_POOL_SIZE", Some("16"), range(1, 1000), "database connections of the API's pool (`serve`) or of the relay process's jobs (`relay`); `serve`'s in-process relay has `ORDERD_OUTBOX_PARALLEL_ROUNDS` more of its own plus one for its statistics check, and LISTEN and migrations one each"],
         /// The longest a statement may run (and a transaction stay idle).
         statement_timeout: Duration = parse::millis [DB_STATEMENT_TIMEOUT_MS, "ORDERD_DB_STATEMENT_TIMEOUT_MS", Some("5000"), range(100, 600_000), "a statement running longer is cancelled (503, the claim released); also the limit for a transaction left idle"],
+        /// Whether each tenant's transactions go to the node that holds its shard.
+        citus_routing: bool = parse::switch [CITUS_ROUTING, "ORDERD_CITUS_ROUTING", Some("on"), Kind::Switch, "on a Citus cluster, each tenant's transactions go straight to the node that holds its shard (orderd must reach every node: see `ORDERD_CITUS_NODE_URLS`); `off` sends every statement through the coordinator"],
+        /// Where the nodes are reached, when not where Citus says.
+        citus_node_urls: Option<Secret> = parse::secret [CITUS_NODE_URLS, "ORDERD_CITUS_NODE_URLS", None, Kind::Secret, "how orderd reaches Citus nodes whose address for it differs from the one the cluster knows, or that need other credentials, TLS or a pooler: `host:port=postgres://…` pairs, comma-separated, `host:port` as `pg_dist_node` names the node; a node not named is reached at `DATABASE_URL` with its host and port"],
         /// How long what a listening session said is trusted without a fresh round trip.
         listen_bound: Duration = parse::millis [LISTEN_BOUND_MS, "ORDERD_LISTEN_BOUND_MS", Some("3000"), range(500, 60_000), "how long a process trusts what its listening sessions told it (forgotten keys, erasures) without hearing from them; each proves itself every quarter of this; `idempotency forget` and `tenant erase` wait this long after they commit, so give them the servers' value"],
     }

@@ -2,19 +2,32 @@
 //! [`Conn`].
 
 use std::{
+    collections::HashMap,
     ops::{Deref, DerefMut},
     sync::Arc,
     time::Duration,
 };
 
-use deadpool::managed::{self, Metrics, PoolError, RecycleError, RecycleResult, Timeouts};
+use deadpool::managed::{
+    self, Metrics, PoolError, RecycleError, RecycleResult, TimeoutType, Timeouts,
+};
 use sqlx::{
     Connection, PgConnection, SqlSafeStr,
     postgres::{PgConnectOptions, PgTransactionManager},
 };
 use sqlx_core::transaction::TransactionManager;
 
-use super::{DbConfig, Layout, Sql, Statements, connect_options, errors::open, layout_of};
+use uuid::Uuid;
+
+use crate::config::Secret;
+
+use super::{
+    DbConfig, Forms, Layout, Sql, Statements, connect_options,
+    errors::open,
+    layout_of,
+    routes::{MakePool, NodeConnect, NodeHealth, Routes},
+};
+use crate::metrics;
 
 /// How long a request waits for a free connection before it answers 503 instead of
 /// hanging.
@@ -118,6 +131,12 @@ pub struct Db {
     begin: Arc<str>,
     /// How long a call may wait for the database's answer (see [`Db::within`]).
     deadline: Duration,
+    /// On a distributed database with routing on: the node that holds each tenant's
+    /// shard, and a pool for each node (see [`Db::for_tenant`]).
+    routes: Option<Arc<Routes<Db>>>,
+    /// When this is a node's pool: the node's health, marked down when it cannot be
+    /// reached.
+    health: Option<Arc<NodeHealth>>,
 }
 
 impl std::fmt::Debug for Db {
@@ -153,7 +172,62 @@ impl Db {
             layout: Layout::ASSUMED,
             begin: begin_statement(statement_timeout).into(),
             deadline: statement_timeout + DEADLINE_MARGIN,
+            routes: None,
+            health: None,
         }
+    }
+
+    /// The database for `tenant`'s transactions: on a distributed database with
+    /// routing on, the pool of the node that holds its shard (its statements run there,
+    /// planned once and with no further hop); else, or while that node is down or its
+    /// route not yet read, this one (the coordinator forwards them).
+    pub fn for_tenant(&self, tenant: Uuid) -> Db {
+        let Some(routes) = &self.routes else {
+            return self.clone();
+        };
+        match routes.for_tenant(tenant) {
+            Some(node) => {
+                metrics::db_route("node");
+                node
+            }
+            None => {
+                metrics::db_route("coordinator");
+                self.clone()
+            }
+        }
+    }
+
+    /// The database for statements on shard `shard` alone (see [`Db::for_tenant`]).
+    pub fn for_shard(&self, shard: i64) -> Db {
+        self.routes
+            .as_ref()
+            .and_then(|routes| routes.for_shard(shard))
+            .unwrap_or_else(|| self.clone())
+    }
+
+    /// The routes, when this database has them.
+    pub fn routes(&self) -> Option<&Arc<Routes<Db>>> {
+        self.routes.as_ref()
+    }
+
+    /// Where to listen for what is sent on each node that holds shards (a routed
+    /// writer's notification is delivered on its node): the nodes' own sessions,
+    /// none behind a transaction pooler (which cannot carry `LISTEN`; the relays then
+    /// find those events at their poll) or without routes.
+    pub fn node_sessions(&self) -> Vec<(String, PgConnectOptions)> {
+        match (&self.routes, self.pooled) {
+            (Some(routes), false) => routes.nodes(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Reads the routes again if the placements changed since they were read (a shard
+    /// moved, a node was added); whether they had. Nothing to do without routes.
+    pub async fn follow_routes(&self) -> sqlx::Result<bool> {
+        let Some(routes) = self.routes.clone() else {
+            return Ok(false);
+        };
+        self.run(async |sql| routes.follow(sql).await).await
     }
 
     /// Runs `work` (database calls on a connection already taken) within the statement
@@ -223,6 +297,15 @@ impl Db {
         let got = tokio::time::timeout(ACQUIRE_TIMEOUT, self.pool.get())
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?;
+        if let (Err(e), Some(health)) = (&got, &self.health)
+            && matches!(
+                e,
+                PoolError::Backend(_) | PoolError::Timeout(TimeoutType::Create)
+            )
+        {
+            // The node could not be reached: its tenants go through the coordinator.
+            health.mark_down();
+        }
         got.map_err(|e| match e {
             PoolError::Timeout(_) => sqlx::Error::PoolTimedOut,
             PoolError::Backend(e) => e,
@@ -417,7 +500,51 @@ pub async fn connect_relay_db(config: &DbConfig, parallel_rounds: u32) -> anyhow
     db_of_size(config, parallel_rounds + 1).await
 }
 
-/// A database of `size` connections: the one-shot commands need only a couple.
+/// A database of `size` connections: the one-shot commands need only a couple. Its
+/// connections start as [`pool_options`] says. On a distributed database, with
+/// `ORDERD_CITUS_ROUTING` on, it also reads where each tenant's shard lives and keeps a
+/// pool of `size` for each node (see `routes`).
+pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
+    let pooled = config.pooler_transaction;
+    let options = pool_options(config, &connect_options(&config.url)?);
+    // One plain connection first: its error says what is wrong, where the pool's
+    // would only say that it timed out.
+    let mut first = open(&options, "DATABASE_URL").await?;
+    let layout = layout_of(&mut first)
+        .await
+        .map_err(|e| anyhow::anyhow!("DATABASE_URL: cannot read the schema's layout: {e}"))?;
+    tracing::debug!(layout = layout.name(), "found where orderd's tables live");
+    let mut db = Db::new(options.clone(), size, pooled, config.statement_timeout).in_layout(layout);
+    if layout.pick(&ROUTED) && config.citus_routing {
+        let timeout = config.statement_timeout;
+        let make: MakePool<Db> = Arc::new(move |options, health| {
+            let mut db = Db::new(routed(options, pooled), size, pooled, timeout).in_layout(layout);
+            db.health = Some(health);
+            db
+        });
+        let connect = NodeConnect {
+            base: options,
+            given: given_nodes(config)?,
+            make,
+        };
+        let mut tx = Connection::begin(&mut first).await?;
+        let routes = Routes::read(&mut Sql::direct(&mut tx).unnamed(), connect)
+            .await
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL: cannot read where the shards live: {e}"))?;
+        tx.commit().await?;
+        db.routes = Some(Arc::new(routes));
+    }
+    let _ = first.close().await;
+    Ok(db)
+}
+
+/// Whether a layout's tenants can be routed to the node that holds their shard.
+const ROUTED: Forms<bool> = Forms {
+    one_server: false,
+    distributed: true,
+};
+
+/// `url`'s options with what every connection of a pool starts with.
 ///
 /// Directly, every connection starts with `statement_timeout` and
 /// `idle_in_transaction_session_timeout` set to `ORDERD_DB_STATEMENT_TIMEOUT_MS`: a
@@ -430,30 +557,62 @@ pub async fn connect_relay_db(config: &DbConfig, parallel_rounds: u32) -> anyhow
 /// or two, and when a large table or a recursive query raises the planner's cost
 /// estimate past `jit_above_cost`, compiling took 40 to 80 ms each time (the fair claim
 /// measured 85 ms with it, 16 without; decision 125).
-pub async fn db_of_size(config: &DbConfig, size: u32) -> anyhow::Result<Db> {
-    let pooled = config.pooler_transaction;
+fn pool_options(config: &DbConfig, url: &PgConnectOptions) -> PgConnectOptions {
     let timeout = config.statement_timeout.as_millis().to_string();
-    let mut options = connect_options(&config.url)?;
-    if pooled {
-        options = options.statement_cache_capacity(0);
+    if config.pooler_transaction {
+        url.clone().statement_cache_capacity(0)
     } else {
-        options = options.options([
-            ("statement_timeout", timeout.as_str()),
-            ("idle_in_transaction_session_timeout", timeout.as_str()),
-            ("jit", "off"),
-        ]);
-        options = options.options(SERVER_KEEPALIVES);
+        url.clone()
+            .options([
+                ("statement_timeout", timeout.as_str()),
+                ("idle_in_transaction_session_timeout", timeout.as_str()),
+                ("jit", "off"),
+            ])
+            .options(SERVER_KEEPALIVES)
     }
-    // One plain connection first: its error says what is wrong, where the pool's
-    // would only say that it timed out.
-    let mut first = open(&options, "DATABASE_URL").await?;
-    let layout = layout_of(&mut first)
-        .await
-        .map_err(|e| anyhow::anyhow!("DATABASE_URL: cannot read the schema's layout: {e}"))?;
-    tracing::debug!(layout = layout.name(), "found where orderd's tables live");
-    let db = Db::new(options, size, pooled, config.statement_timeout).in_layout(layout);
-    let _ = first.close().await;
-    Ok(db)
+}
+
+/// A node's connection options: on a direct connection, every statement planned for
+/// its parameters (`plan_cache_mode`). Citus 13.2.2, on the node that holds a shard,
+/// misses its local plan cache for a prepared statement's generic plan at every
+/// execution and adds a plan each time, so a backend's memory grows without bound
+/// (decision 171); a custom plan is never cached. Behind a pooler statements are
+/// unnamed, planned for their parameters anyway.
+fn routed(options: PgConnectOptions, pooled: bool) -> PgConnectOptions {
+    if pooled {
+        options
+    } else {
+        options.options([("plan_cache_mode", "force_custom_plan")])
+    }
+}
+
+/// `ORDERD_CITUS_NODE_URLS`: the nodes reached otherwise than at `DATABASE_URL` with
+/// their host and port, by the name Citus knows them by.
+fn given_nodes(config: &DbConfig) -> anyhow::Result<HashMap<String, PgConnectOptions>> {
+    let Some(given) = &config.citus_node_urls else {
+        return Ok(HashMap::new());
+    };
+    let mut nodes = HashMap::new();
+    for pair in given
+        .expose()
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let Some((name, url)) = pair.split_once('=') else {
+            anyhow::bail!(
+                "ORDERD_CITUS_NODE_URLS: each entry is host:port=postgres://…, one of them is not"
+            );
+        };
+        let url = connect_options(&Secret::new(url.trim())).map_err(|_| {
+            anyhow::anyhow!(
+                "ORDERD_CITUS_NODE_URLS: the URL for {} is not a PostgreSQL URL",
+                name.trim()
+            )
+        })?;
+        nodes.insert(name.trim().to_string(), pool_options(config, &url));
+    }
+    Ok(nodes)
 }
 
 /// The `BEGIN` of every transaction orderd opens: the timeouts as `SET LOCAL`, sent in

@@ -189,6 +189,12 @@ impl Guard {
         &self.cache
     }
 
+    /// The database for `scope`'s statements: on a distributed database, the node
+    /// that holds its tenant's shard (see `db::Db::for_tenant`).
+    fn db(&self, scope: &Scope) -> Db {
+        self.db.for_tenant(scope.tenant.0)
+    }
+
     /// Executes `operation` at most once for `scope` and answers every caller with the
     /// same stored response. `fingerprint` identifies the request's effect. The
     /// operation gets the transaction and the database's clock at the moment this
@@ -271,7 +277,7 @@ impl Guard {
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
         let mut release = ReleaseOnDrop {
-            db: self.db.clone(),
+            db: self.db(scope),
             jobs: self.jobs.clone(),
             scope: Some(scope.clone()),
             owner,
@@ -312,11 +318,13 @@ impl Guard {
             let owner = Uuid::new_v4();
             let read = self.cache.read_starts();
             let found = if row_exists {
-                self.db.run(async |c| store::read(c, scope).await).await?
+                self.db(scope)
+                    .run(async |c| store::read(c, scope).await)
+                    .await?
             } else {
-                let mut conn = self.db.conn().await?;
-                let found = self
-                    .db
+                let db = self.db(scope);
+                let mut conn = db.conn().await?;
+                let found = db
                     .within(store::claim_or_read(
                         &mut conn.sql(),
                         scope,
@@ -390,7 +398,7 @@ impl Guard {
                 Step::Reject => return Err(GuardError::KeyReused),
                 Step::Reclaim => {
                     let reclaimed = self
-                        .db
+                        .db(scope)
                         .run(async |c| {
                             store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
                         })
@@ -412,7 +420,7 @@ impl Guard {
                 }
                 Step::TakeOver { seen_owner } => {
                     let taken = self
-                        .db
+                        .db(scope)
                         .run(async |c| {
                             store::take_over_expired_lease(c, scope, seen_owner, owner, lease_ms)
                                 .await
@@ -454,27 +462,27 @@ impl Guard {
     {
         // The claim's connection carries on into the transaction; without one, a
         // transaction on a connection from the pool.
+        let db = self.db(fence.scope);
         let mut tx = match conn {
             Some(mut conn) => {
-                self.db.begin_in(&mut conn).await?;
+                db.begin_in(&mut conn).await?;
                 conn
             }
-            None => self.db.begin().await?,
+            None => db.begin().await?,
         };
-        self.db
-            .within(async {
-                let response = operation(tx.sql(), fence.at)
-                    .await
-                    .map_err(GuardError::Operation)?;
-                if !store::complete(&mut tx.sql(), &fence, &response).await? {
-                    // Dropping `tx` rolls back everything this request wrote.
-                    drop(tx);
-                    return Err(self.lease_lost(fence.scope).await);
-                }
-                tx.commit().await?;
-                Ok(response)
-            })
-            .await
+        db.within(async {
+            let response = operation(tx.sql(), fence.at)
+                .await
+                .map_err(GuardError::Operation)?;
+            if !store::complete(&mut tx.sql(), &fence, &response).await? {
+                // Dropping `tx` rolls back everything this request wrote.
+                drop(tx);
+                return Err(self.lease_lost(fence.scope).await);
+            }
+            tx.commit().await?;
+            Ok(response)
+        })
+        .await
     }
 
     /// Runs a one-statement operation (see [`Guard::run_in_one_statement`]), on the
@@ -488,25 +496,25 @@ impl Guard {
     where
         F: for<'c> FnOnce(Sql<'c>, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
+        let db = self.db(fence.scope);
         let mut conn = match conn {
             Some(conn) => conn,
-            None => self.db.conn().await?,
+            None => db.conn().await?,
         };
-        self.db
-            .within(async {
-                let written = operation(conn.sql(), fence)
-                    .await
-                    .map_err(GuardError::Operation)?;
-                let Some(response) = written else {
-                    // The statement wrote nothing (behind a pooler, dropping `conn` also
-                    // rolls its transaction back).
-                    drop(conn);
-                    return Err(self.lease_lost(fence.scope).await);
-                };
-                conn.done().await?;
-                Ok(response)
-            })
-            .await
+        db.within(async {
+            let written = operation(conn.sql(), fence)
+                .await
+                .map_err(GuardError::Operation)?;
+            let Some(response) = written else {
+                // The statement wrote nothing (behind a pooler, dropping `conn` also
+                // rolls its transaction back).
+                drop(conn);
+                return Err(self.lease_lost(fence.scope).await);
+            };
+            conn.done().await?;
+            Ok(response)
+        })
+        .await
     }
 
     /// The stored body of `scope`'s record, opened. A body that does not open is never
@@ -542,7 +550,7 @@ impl Guard {
     /// the client is told as such rather than as a key in flight.
     async fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
         let erasing = self
-            .db
+            .db(scope)
             .run(async |c| store::tenant_erasing(c, scope.tenant).await)
             .await;
         if let Ok(true) = erasing {

@@ -125,9 +125,22 @@ impl Relay {
         let parts = Supervisor::under(&shutdown);
         if relay.listen {
             let listening = relay.clone();
+            let on = relay.listen_on.clone();
             parts.spawn("outbox listener", move |token| async move {
-                listening.listen(token).await
+                listening.listen(on, token).await
             });
+            // Writers routed to the node that holds their tenant's shard notify there.
+            for (node, options) in relay.db.node_sessions() {
+                tracing::debug!(node, "listening for the writers of a Citus node");
+                let listening = relay.clone();
+                let on = ListenOn {
+                    options,
+                    bound: relay.listen_on.bound,
+                };
+                parts.spawn("outbox node listener", move |token| async move {
+                    listening.listen(on, token).await
+                });
+            }
         }
         if let Some(watch) = relay.publisher.clone().watch(parts.token()) {
             parts.spawn("publisher watch", |_| watch);
@@ -160,10 +173,10 @@ impl Relay {
     /// Turns notifications on [`CHANNEL`] into wake-ups, and tells the tenant strategy
     /// what was heard; a session lost or regained wakes the relay too, since
     /// notifications in between may be lost.
-    async fn listen(&self, shutdown: CancellationToken) {
-        let liveness = self.listen_on.liveness();
+    async fn listen(&self, on: ListenOn, shutdown: CancellationToken) {
+        let liveness = on.liveness();
         crate::db::listen(
-            self.listen_on.clone(),
+            on,
             CHANNEL,
             liveness,
             |heard| {

@@ -344,6 +344,7 @@ impl Service {
         let tenant = caller.tenant();
         let found = self
             .db
+            .for_tenant(tenant.0)
             .run(async |c| orders::store::get(c, tenant, id).await)
             .instrument(db_span("get order"))
             .await?;
@@ -380,6 +381,7 @@ impl Service {
         // One extra row tells whether a next page exists without a count query.
         let mut items = self
             .db
+            .for_tenant(tenant.0)
             .run(async |c| orders::store::list(c, tenant, limit + 1, after).await)
             .instrument(db_span("list orders"))
             .await?;

@@ -4,4 +4,5 @@ mod db_timeouts;
 mod indexes;
 mod pool;
 mod purge;
+mod routing;
 mod scale_out;

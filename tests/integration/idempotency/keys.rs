@@ -210,7 +210,14 @@ async fn a_processing_key_whose_lease_expired_is_taken_over_and_completed_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
-    let app = spawn_app_with(&[("ORDERD_LEASE_SECS", "1"), ("ORDERD_INFLIGHT_WAIT_MS", "0")]).await;
+    // The lock that stalls the inserts is the coordinator's: on Citus the tenant's
+    // statements go there, not to its node (decision 171), for this test.
+    let app = spawn_app_with(&[
+        ("ORDERD_LEASE_SECS", "1"),
+        ("ORDERD_INFLIGHT_WAIT_MS", "0"),
+        ("ORDERD_CITUS_ROUTING", "off"),
+    ])
+    .await;
     let token = app.token(Uuid::new_v4());
     let key = new_key();
     let body = order_body("SKU-1", 1);

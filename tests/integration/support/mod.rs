@@ -15,7 +15,7 @@ pub use app::{
     spawn_app, spawn_app_on, spawn_app_publishing_through, spawn_app_with, spawn_publishing_app,
     spawn_publishing_app_on, token,
 };
-pub use db::{TestDb, admin_url, create_order_in, on_citus, one_server_only};
+pub use db::{TestDb, admin_url, citus_workers, create_order_in, on_citus, one_server_only};
 pub use process::{KillOnDrop, ServeProcess, failures, sample, until_failures};
 
 /// A loopback port nothing listens on right now, for a server a test starts.

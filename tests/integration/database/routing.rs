@@ -1,0 +1,126 @@
+//! On Citus each tenant's statements run on the node that holds its shard (decision
+//! 171): orderd reads the placements, keeps a pool per node and sends a tenant's
+//! transactions there, where through the coordinator each statement would be planned
+//! twice and its answer relayed.
+//!
+//! The proof is read on the node itself: a statement trigger of the test's own on the
+//! tenant's shard of `orders` notes the `application_name` of each session that writes
+//! it. A statement the coordinator forwards arrives on a session Citus names
+//! `citus_internal …`; a routed one on orderd's own connection.
+
+use std::str::FromStr;
+
+use sqlx::{Connection, PgConnection, postgres::PgConnectOptions};
+use uuid::Uuid;
+
+use crate::support::{TestDb, citus_workers, new_key, on_citus, order_body, spawn_app_on};
+
+/// The name of `tenant`'s shard of `orders` and the port of its node.
+async fn shard_of(db: &TestDb, tenant: Uuid) -> (String, i32) {
+    sqlx::query_as(
+        "SELECT shard_name('orders'::regclass, p.shardid)::text, n.nodeport
+         FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+         WHERE p.shardid = get_shard_id_for_distribution_column('orders', $1)",
+    )
+    .bind(tenant)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// A session on the test's database on the worker at `port`.
+async fn on_worker(db: &TestDb, port: i32) -> PgConnection {
+    let admin = citus_workers()
+        .into_iter()
+        .find(|w| PgConnectOptions::from_str(w).unwrap().get_port() == u16::try_from(port).unwrap())
+        .expect("the node is one of the workers");
+    let options = PgConnectOptions::from_str(&admin)
+        .unwrap()
+        .database(&db.name);
+    PgConnection::connect_with(&options).await.unwrap()
+}
+
+/// Notes who writes `shard`, on its node: local objects of the node, which Citus must
+/// not send on.
+async fn note_writers(node: &mut PgConnection, shard: &str) {
+    let statements = [
+        "SET citus.enable_ddl_propagation TO off".to_string(),
+        "CREATE TABLE written_by (app text NOT NULL)".to_string(),
+        "CREATE FUNCTION note_writer() RETURNS trigger LANGUAGE plpgsql AS $f$
+         BEGIN INSERT INTO written_by VALUES (current_setting('application_name')); RETURN NULL; END $f$"
+            .to_string(),
+        format!(
+            "CREATE TRIGGER note_writer AFTER INSERT OR UPDATE ON {shard}
+             FOR EACH STATEMENT EXECUTE FUNCTION note_writer()"
+        ),
+    ];
+    for statement in statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *node)
+            .await
+            .unwrap();
+    }
+}
+
+/// The sessions that wrote the shard since the last look, and forgets them.
+async fn writers(node: &mut PgConnection) -> Vec<String> {
+    sqlx::query_scalar("DELETE FROM written_by RETURNING app")
+        .fetch_all(&mut *node)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_writes_run_on_the_node_that_holds_its_shard_unless_routing_is_off() {
+    if !on_citus() {
+        eprintln!("Citus only: one server has no nodes to route to");
+        return;
+    }
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let (shard, port) = shard_of(&db, tenant).await;
+    let mut node = on_worker(&db, port).await;
+    note_writers(&mut node, &shard).await;
+
+    let app = spawn_app_on(db.handle().await, &[]).await;
+    let token = app.token(tenant);
+    for _ in 0..5 {
+        let created = app
+            .create(&token, &new_key(), &order_body("SKU-ROUTED", 1))
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        let id = created.json()["id"].as_str().unwrap().to_string();
+        let cancelled = app.cancel(&token, &new_key(), &id).await;
+        assert_eq!(cancelled.status, 200, "{cancelled:?}");
+        let read = app.get(&token, &format!("/v1/orders/{id}")).await;
+        assert_eq!(read.status, 200, "{read:?}");
+    }
+    let routed = writers(&mut node).await;
+    assert_eq!(
+        routed.len(),
+        10,
+        "five creates and five cancels: {routed:?}"
+    );
+    assert!(
+        routed.iter().all(|app| !app.starts_with("citus_internal")),
+        "every write ran on orderd's own session on the node: {routed:?}"
+    );
+    drop(app);
+
+    // The same with routing off: every write reaches the node through the coordinator,
+    // so the note above tells the two apart.
+    let app = spawn_app_on(db.handle().await, &[("ORDERD_CITUS_ROUTING", "off")]).await;
+    let token = app.token(tenant);
+    let created = app
+        .create(&token, &new_key(), &order_body("SKU-FORWARDED", 1))
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let forwarded = writers(&mut node).await;
+    assert!(
+        !forwarded.is_empty()
+            && forwarded
+                .iter()
+                .all(|app| app.starts_with("citus_internal")),
+        "through the coordinator: {forwarded:?}"
+    );
+}
