@@ -244,7 +244,7 @@ fn describe() {
     );
     describe_counter!(
         DB_ROUTES,
-        "Tenant transactions on a distributed database, by where they were sent: `node` (the node that holds the tenant's shard) or `coordinator` (forwarded from there: routing off, the node down or its route not yet known); none on one server"
+        "Tenant requests on a distributed database (one per request, its claim and its write together), by where their transactions were sent: `node` (the node that holds the tenant's shard) or `coordinator` (forwarded from there: routing off, the node down or its route not yet known); none on one server"
     );
     describe_gauge!(
         RECONCILE_LAST_RUN,

@@ -197,14 +197,6 @@ impl Db {
         }
     }
 
-    /// The database for statements on shard `shard` alone (see [`Db::for_tenant`]).
-    pub fn for_shard(&self, shard: i64) -> Db {
-        self.routes
-            .as_ref()
-            .and_then(|routes| routes.for_shard(shard))
-            .unwrap_or_else(|| self.clone())
-    }
-
     /// The routes, when this database has them.
     pub fn routes(&self) -> Option<&Arc<Routes<Db>>> {
         self.routes.as_ref()

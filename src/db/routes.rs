@@ -215,19 +215,6 @@ impl<P: Clone> Routes<P> {
         self.node_db(&table.placements[at].node)
     }
 
-    /// The shard of `tenant`, as last read (none before the first read).
-    pub fn shard_of(&self, tenant: Uuid) -> Option<i64> {
-        let table = self.table();
-        shard_index(&table.placements, tenant_hash(tenant)).map(|at| table.placements[at].shard)
-    }
-
-    /// The pool of the node that holds shard `shard`, unless it is down or not known.
-    pub fn for_shard(&self, shard: i64) -> Option<P> {
-        let table = self.table();
-        let p = table.placements.iter().find(|p| p.shard == shard)?;
-        self.node_db(&p.node)
-    }
-
     /// Every node holding shards, by name (`host:port` as Citus knows it), with the
     /// options its pool connects with.
     pub fn nodes(&self) -> Vec<(String, PgConnectOptions)> {

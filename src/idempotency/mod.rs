@@ -209,8 +209,8 @@ impl Guard {
         F: for<'c> FnOnce(Sql<'c>, DateTime<Utc>) -> TxFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, async |fence, conn| {
-                self.execute(fence, conn, operation).await
+            .run_inner(scope, &fingerprint, async |db, fence, conn| {
+                self.execute(db, fence, conn, operation).await
             })
             .await;
         observe(scope, result)
@@ -232,8 +232,8 @@ impl Guard {
         F: for<'c> FnOnce(Sql<'c>, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
         let result = self
-            .run_inner(scope, &fingerprint, async |fence, conn| {
-                self.execute_one_statement(fence, conn, operation).await
+            .run_inner(scope, &fingerprint, async |db, fence, conn| {
+                self.execute_one_statement(db, fence, conn, operation).await
             })
             .await;
         observe(scope, result)
@@ -248,7 +248,7 @@ impl Guard {
         &self,
         scope: &Scope,
         fingerprint: &Fingerprint,
-        execute: impl AsyncFnOnce(Fence<'_>, Option<Conn>) -> Result<StoredResponse, GuardError<E>>,
+        execute: impl AsyncFnOnce(&Db, Fence<'_>, Option<Conn>) -> Result<StoredResponse, GuardError<E>>,
     ) -> Result<(Answer, Outcome), GuardError<E>> {
         // A completed record never changes until it expires: a retry the cache knows
         // is answered (or refused) without touching the database.
@@ -265,7 +265,9 @@ impl Guard {
             Lookup::Conflict => return Err(GuardError::KeyReused),
             Lookup::Miss => {}
         }
-        let (owner, outcome, at, conn) = match self.claim(scope, fingerprint).await? {
+        // Where this request's statements go, looked up once.
+        let db = self.db(scope);
+        let (owner, outcome, at, conn) = match self.claim(&db, scope, fingerprint).await? {
             Claim::Replay(response, expires_at) => return replayed(response, expires_at),
             Claim::Owned {
                 owner,
@@ -277,7 +279,7 @@ impl Guard {
         // From here until the completion commits, any exit (error, panic, cancelled
         // future) must give the key back so that a retry executes afresh.
         let mut release = ReleaseOnDrop {
-            db: self.db(scope),
+            db: db.clone(),
             jobs: self.jobs.clone(),
             scope: Some(scope.clone()),
             owner,
@@ -290,7 +292,7 @@ impl Guard {
             sealer: &self.sealer,
         };
         let expires_at = fence.expires_at();
-        let response = execute(fence, conn).await?;
+        let response = execute(&db, fence, conn).await?;
         release.disarm();
         let answer = Answer {
             response,
@@ -305,6 +307,7 @@ impl Guard {
     /// autocommits (see [`Conn::autocommits`]); a takeover or reclaim, rare, does not.
     async fn claim<E>(
         &self,
+        db: &Db,
         scope: &Scope,
         fingerprint: &Fingerprint,
     ) -> Result<Claim, GuardError<E>> {
@@ -318,11 +321,8 @@ impl Guard {
             let owner = Uuid::new_v4();
             let read = self.cache.read_starts();
             let found = if row_exists {
-                self.db(scope)
-                    .run(async |c| store::read(c, scope).await)
-                    .await?
+                db.run(async |c| store::read(c, scope).await).await?
             } else {
-                let db = self.db(scope);
                 let mut conn = db.conn().await?;
                 let found = db
                     .within(store::claim_or_read(
@@ -397,8 +397,7 @@ impl Guard {
                 }
                 Step::Reject => return Err(GuardError::KeyReused),
                 Step::Reclaim => {
-                    let reclaimed = self
-                        .db(scope)
+                    let reclaimed = db
                         .run(async |c| {
                             store::reclaim_expired(c, scope, fingerprint, owner, lease_ms).await
                         })
@@ -419,8 +418,7 @@ impl Guard {
                     wait_a_little(&mut pause, wait_until, Duration::ZERO).await?;
                 }
                 Step::TakeOver { seen_owner } => {
-                    let taken = self
-                        .db(scope)
+                    let taken = db
                         .run(async |c| {
                             store::take_over_expired_lease(c, scope, seen_owner, owner, lease_ms)
                                 .await
@@ -453,6 +451,7 @@ impl Guard {
     /// connection when there is one.
     async fn execute<E, F>(
         &self,
+        db: &Db,
         fence: Fence<'_>,
         conn: Option<Conn>,
         operation: F,
@@ -462,7 +461,6 @@ impl Guard {
     {
         // The claim's connection carries on into the transaction; without one, a
         // transaction on a connection from the pool.
-        let db = self.db(fence.scope);
         let mut tx = match conn {
             Some(mut conn) => {
                 db.begin_in(&mut conn).await?;
@@ -477,7 +475,7 @@ impl Guard {
             if !store::complete(&mut tx.sql(), &fence, &response).await? {
                 // Dropping `tx` rolls back everything this request wrote.
                 drop(tx);
-                return Err(self.lease_lost(fence.scope).await);
+                return Err(self.lease_lost(db, fence.scope).await);
             }
             tx.commit().await?;
             Ok(response)
@@ -489,6 +487,7 @@ impl Guard {
     /// claim's connection when there is one.
     async fn execute_one_statement<E, F>(
         &self,
+        db: &Db,
         fence: Fence<'_>,
         conn: Option<Conn>,
         operation: F,
@@ -496,7 +495,6 @@ impl Guard {
     where
         F: for<'c> FnOnce(Sql<'c>, Fence<'c>) -> StatementFuture<'c, E> + Send,
     {
-        let db = self.db(fence.scope);
         let mut conn = match conn {
             Some(conn) => conn,
             None => db.conn().await?,
@@ -509,7 +507,7 @@ impl Guard {
                 // The statement wrote nothing (behind a pooler, dropping `conn` also
                 // rolls its transaction back).
                 drop(conn);
-                return Err(self.lease_lost(fence.scope).await);
+                return Err(self.lease_lost(db, fence.scope).await);
             };
             conn.done().await?;
             Ok(response)
@@ -548,9 +546,8 @@ impl Guard {
     /// The completion matched no row: our lease expired and another request took the
     /// key over (it alone may commit), or the tenant's erasure deleted the claim, which
     /// the client is told as such rather than as a key in flight.
-    async fn lease_lost<E>(&self, scope: &Scope) -> GuardError<E> {
-        let erasing = self
-            .db(scope)
+    async fn lease_lost<E>(&self, db: &Db, scope: &Scope) -> GuardError<E> {
+        let erasing = db
             .run(async |c| store::tenant_erasing(c, scope.tenant).await)
             .await;
         if let Ok(true) = erasing {
