@@ -12,7 +12,7 @@ ORDERD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # by any client connection's local end, and a server started later then cannot bind it.
 PG_PORT="${ORDERD_PG_PORT:-25432}"
 
-log() { printf '[orderd] %s\n' "$*" >&2; }
+log() { printf '[orderd %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 apt_install() {
     if [ -z "${ORDERD_APT_UPDATED:-}" ]; then
@@ -158,12 +158,19 @@ tansu_bin() {
         printf '%s\n' "$found"
         return
     fi
-    root="$(target_dir)/tools"
+    # Installed once per machine, as Citus and the apt packages are, so that every clone
+    # and checkout reuses it: /usr/local when it is writable, else the user's own.
+    root="${ORDERD_TOOLS_ROOT:-}"
+    if [ -z "$root" ]; then
+        if [ -w /usr/local/bin ]; then root=/usr/local; else root="$HOME/.local"; fi
+    fi
     if [ ! -x "$root/bin/tansu" ]; then
-        log "building tansu 0.6.0 into $root (once: about nine minutes on two cores)"
-        CARGO_TARGET_DIR="$root/build" cargo install tansu --version 0.6.0 --locked \
+        log "building tansu 0.6.0 into $root (once per machine: about nine minutes on two cores)"
+        local build
+        build="$(mktemp -d)"
+        CARGO_TARGET_DIR="$build" cargo install tansu --version 0.6.0 --locked \
             --features dynostore --root "$root" --quiet >&2
-        rm -rf "$root/build"
+        rm -rf "$build"
     fi
     printf '%s\n' "$root/bin/tansu"
 }
