@@ -84,14 +84,27 @@ target_dir() {
     printf '%s\n' "$ORDERD_TARGET_DIR"
 }
 
+# The release targets every script builds, always together. One set of targets is one
+# set of features: the example's dev-dependencies turn on features of crates orderd
+# shares with them (rmcp's client side, reqwest's), and a build of the binary alone
+# would compile those crates, and orderd, a second time.
+RELEASE_TARGETS=(--bin orderd --example relay_bench)
+
 # Builds the orderd binary and prints its path (wherever the target dir is); extra
-# arguments (--release) go to cargo build.
+# arguments go to cargo build: `--release` builds RELEASE_TARGETS; after `cargo test
+# --all-targets`, `--all-targets` finds the binary that build made instead of building
+# it again with other features (see RELEASE_TARGETS).
 orderd_bin() {
-    cargo build --quiet --bin orderd --message-format=json-render-diagnostics "$@" \
+    local args=("$@")
+    [[ " ${args[*]} " == *" --release "* ]] && args+=("${RELEASE_TARGETS[@]}")
+    [[ " ${args[*]} " == *" --all-targets "* ]] || args+=(--bin orderd)
+    cargo build --quiet --message-format=json-render-diagnostics "${args[@]}" \
         | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "orderd" and m.get("executable"):
+    t = m.get("target", {})
+    if (m.get("reason") == "compiler-artifact" and t.get("name") == "orderd"
+            and t.get("kind") == ["bin"] and not m["profile"]["test"] and m.get("executable")):
         print(m["executable"])'
 }
 
