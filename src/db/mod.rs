@@ -45,8 +45,8 @@ pub use self::nodes::{
     nodes_of, on_nodes_answering, read_each_node, run_on, seconds_ago, text_literal, time_literal,
 };
 pub use self::pool::{
-    ACQUIRE_TIMEOUT, Conn, DEADLINE_MARGIN, Db, PING_IF_IDLE_FOR, PING_TIMEOUT, SERVER_KEEPALIVES,
-    Session, begin_statement, connect_db, connect_relay_db, db_of_size,
+    ACQUIRE_TIMEOUT, Conn, DEADLINE_MARGIN, Db, PING_IF_IDLE_FOR, PING_TIMEOUT, Placed,
+    SERVER_KEEPALIVES, Session, begin_statement, connect_db, connect_relay_db, db_of_size,
 };
 pub use self::routes::{FOLLOW_EVERY, NodeHealth, Routes};
 pub use self::tenant_hash::tenant_hash;

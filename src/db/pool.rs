@@ -139,6 +139,16 @@ pub struct Db {
     health: Option<Arc<NodeHealth>>,
 }
 
+/// Where a tenant's statements go (see [`Db::placed`]).
+pub struct Placed {
+    /// The index of its shard's hash range: tenants with the same one share a shard.
+    pub shard: usize,
+    /// The node that holds the shard, as Citus names it.
+    pub node: String,
+    /// The node's pool, or the coordinator's while the node is down.
+    pub db: Db,
+}
+
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
@@ -195,6 +205,18 @@ impl Db {
                 self.clone()
             }
         }
+    }
+
+    /// Where `tenant`'s statements go, uncounted (for the relay, whose rounds are not
+    /// requests): the shard's index and the node that holds it, with that node's pool,
+    /// or this one while the node is down; none without routes or before they are read.
+    pub fn placed(&self, tenant: Uuid) -> Option<Placed> {
+        let (shard, node, pool) = self.routes.as_ref()?.place(tenant)?;
+        Some(Placed {
+            shard,
+            node,
+            db: pool.unwrap_or_else(|| self.clone()),
+        })
     }
 
     /// The routes, when this database has them.

@@ -215,6 +215,17 @@ impl<P: Clone> Routes<P> {
         self.node_db(&table.placements[at].node)
     }
 
+    /// Where `tenant`'s shard is: the shard's index among the ranges (tenants with the
+    /// same index share a shard), the node that holds it (`host:port` as Citus knows
+    /// it), and that node's pool unless it is down.
+    pub fn place(&self, tenant: Uuid) -> Option<(usize, String, Option<P>)> {
+        let table = self.table();
+        let at = shard_index(&table.placements, tenant_hash(tenant))?;
+        let node = table.placements[at].node.clone();
+        let pool = self.node_db(&node);
+        Some((at, node, pool))
+    }
+
     /// Every node holding shards, by name (`host:port` as Citus knows it), with the
     /// options its pool connects with.
     pub fn nodes(&self) -> Vec<(String, PgConnectOptions)> {

@@ -7,13 +7,15 @@
 //! The layouts differ in how a round's tenants are grouped into statements: on one
 //! server one statement claims for all of them; on a distributed database one statement
 //! claims for each shard's (Citus runs `FOR UPDATE` only in a statement that one shard
-//! answers), the shard looked up in the coordinator's metadata as the round starts. The
+//! answers). With routes (decision 172) a round's shards are grouped by the node that
+//! holds them and each node's statements run on that node, where Citus runs them
+//! locally: the round's time is each node's own, read there. Without routes the shards
+//! are looked up in the coordinator's metadata and every statement goes through it. The
 //! strategy's side job also keeps the planner's statistics current (`statistics`): the
 //! table's on one server, each shard's on its worker on a distributed database.
 
 use std::{sync::Arc, time::Duration};
 
-use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -25,7 +27,7 @@ use super::{
     wake,
 };
 use crate::{
-    db::{self, Db, Forms, Heard, Sql},
+    db::{self, Db, Forms, Heard},
     supervisor::Supervisor,
 };
 
@@ -49,38 +51,60 @@ const GROUPINGS: Forms<Grouping> = Forms {
     distributed: Grouping::ByShard,
 };
 
-/// One round's tenants and the database's time it judges by.
+/// One round's tenants, by where their statements go.
 pub struct Start {
-    /// The database's time as the round read it: what is due is due by this.
-    pub now: DateTime<Utc>,
-    /// The round's tenants, in the groups one statement claims together.
-    pub groups: Vec<Vec<Uuid>>,
+    /// Each node's part of the round: on one server, or on a distributed database
+    /// without routes, one part on the relay's own database.
+    pub parts: Vec<Part>,
     /// Known tenants this round does not visit: more may be due now.
     pub more: bool,
     visit: Visit,
 }
 
+/// The round's tenants whose statements go to one database (one server, the
+/// coordinator, or the node that holds their shards), in the groups one statement
+/// claims together.
+pub struct Part {
+    pub db: Db,
+    pub groups: Vec<Vec<Uuid>>,
+}
+
+impl Part {
+    /// How many tenants the part visits.
+    pub fn tenants(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
+
+    /// Whether the part visits `tenant`.
+    pub fn visits(&self, tenant: &Uuid) -> bool {
+        self.groups.iter().any(|g| g.contains(tenant))
+    }
+}
+
 impl Start {
     /// How many tenants the round visits.
     pub fn tenants(&self) -> usize {
-        self.groups.iter().map(Vec::len).sum()
+        self.parts.iter().map(Part::tenants).sum()
     }
 }
 
 impl DueTenants {
-    /// The tenants the next round visits, at most `n`, and the database's time; none
-    /// when this relay knows of no tenant with due events (the round asks nothing of
-    /// the database).
-    pub async fn start(&self, c: &mut Sql<'_>, n: usize) -> sqlx::Result<Option<Start>> {
+    /// The tenants the next round visits, at most `n`, by where their statements go;
+    /// none when this relay knows of no tenant with due events (the round asks nothing
+    /// of the database).
+    pub async fn start(&self, db: &Db, n: usize) -> sqlx::Result<Option<Start>> {
         let mut visit = self
             .known
-            .visit(n.clamp(1, c.layout().pick(&TENANTS_PER_ROUND)));
+            .visit(n.clamp(1, db.layout().pick(&TENANTS_PER_ROUND)));
         let unreachable = self.known.unreachable();
         if !unreachable.is_empty() && !visit.tenants.is_empty() {
             // Their claims would wait on a worker that does not answer.
             let tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
-            let reachable =
-                db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await?;
+            let reachable = db
+                .run(async |c| {
+                    db::on_nodes_answering(c, "outbox_event", &tenants, &unreachable).await
+                })
+                .await?;
             visit.tenants.retain(|(t, _)| reachable.contains(t));
         }
         if visit.tenants.is_empty() {
@@ -91,19 +115,14 @@ impl DueTenants {
         let mut tenants: Vec<Uuid> = visit.tenants.iter().map(|(t, _)| *t).collect();
         tenants.sort_unstable();
         let more = self.known.len() > tenants.len();
-        let (now, groups) = match c.layout().pick(&GROUPINGS) {
-            Grouping::All => (store::round_time(c).await?, vec![tenants]),
-            Grouping::ByShard => {
-                let (now, shards) = store::round_shards(c, &tenants).await?;
-                (now, by_shard(&tenants, &shards))
-            }
+        let parts = match db.layout().pick(&GROUPINGS) {
+            Grouping::All => vec![Part {
+                db: db.clone(),
+                groups: vec![tenants],
+            }],
+            Grouping::ByShard => by_node(db, &tenants).await?,
         };
-        Ok(Some(Start {
-            now,
-            groups,
-            more,
-            visit,
-        }))
+        Ok(Some(Start { parts, more, visit }))
     }
 
     /// After a round's claim: the tenants that had nothing to claim or park are
@@ -180,14 +199,43 @@ impl DueTenants {
     }
 }
 
-/// `tenants` grouped by their `shards` (in the same order), in the order each shard
-/// first appears.
-fn by_shard(tenants: &[Uuid], shards: &[i64]) -> Vec<Vec<Uuid>> {
-    let mut groups: Vec<(i64, Vec<Uuid>)> = Vec::new();
-    for (tenant, shard) in tenants.iter().zip(shards) {
-        match groups.iter_mut().find(|(s, _)| s == shard) {
-            Some((_, group)) => group.push(*tenant),
-            None => groups.push((*shard, vec![*tenant])),
+/// `tenants` grouped by shard, and the groups by the node that holds them (in the
+/// order each first appears): with routes, found locally, each node's part going to
+/// that node; without, the shards looked up in the coordinator's metadata and every
+/// group going through it.
+async fn by_node(db: &Db, tenants: &[Uuid]) -> sqlx::Result<Vec<Part>> {
+    let Some(placed) = tenants
+        .iter()
+        .map(|t| db.placed(*t))
+        .collect::<Option<Vec<_>>>()
+    else {
+        let shards = db.run(async |c| store::shards_of(c, tenants).await).await?;
+        return Ok(vec![Part {
+            db: db.clone(),
+            groups: grouped(tenants, &shards),
+        }]);
+    };
+    let nodes: Vec<&str> = placed.iter().map(|p| p.node.as_str()).collect();
+    let mut parts = Vec::new();
+    for members in grouped(&(0..tenants.len()).collect::<Vec<_>>(), &nodes) {
+        let of_node: Vec<Uuid> = members.iter().map(|i| tenants[*i]).collect();
+        let shards: Vec<usize> = members.iter().map(|i| placed[*i].shard).collect();
+        parts.push(Part {
+            db: placed[members[0]].db.clone(),
+            groups: grouped(&of_node, &shards),
+        });
+    }
+    Ok(parts)
+}
+
+/// `items` grouped by their `keys` (in the same order), in the order each key first
+/// appears.
+fn grouped<T: Copy, K: PartialEq>(items: &[T], keys: &[K]) -> Vec<Vec<T>> {
+    let mut groups: Vec<(&K, Vec<T>)> = Vec::new();
+    for (item, key) in items.iter().zip(keys) {
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, group)) => group.push(*item),
+            None => groups.push((key, vec![*item])),
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
@@ -248,7 +296,7 @@ mod tests {
     #[test]
     fn a_round_s_tenants_are_grouped_by_shard_in_the_order_they_come() {
         let t: Vec<Uuid> = (1..=5).map(Uuid::from_u128).collect();
-        let groups = by_shard(&t, &[7, 3, 7, 9, 3]);
+        let groups = grouped(&t, &[7, 3, 7, 9, 3]);
         assert_eq!(groups, vec![vec![t[0], t[2]], vec![t[1], t[4]], vec![t[3]]]);
     }
 }

@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -23,7 +24,7 @@ use uuid::Uuid;
 use super::settings::OutboxConfig;
 use super::{
     backoff::Backoff,
-    due::{DueTenants, Start},
+    due::{DueTenants, Part, Start},
     event::TypeLabel,
     publisher::{FailureReason, Message, Outcome, PublishError, Publisher, Retry},
     store::{self, Failure, PendingEvent},
@@ -251,44 +252,68 @@ impl Relay {
 
     /// Claims one batch, publishes it and records every outcome, fenced on this
     /// round's claim: a row another relay claimed since (after this one's lease ran
-    /// out) is left to that relay.
+    /// out) is left to that relay. On a distributed database with routes the round's
+    /// tenants come in parts, one per node that holds their shards, and each part's
+    /// claim and marks run on that node, side by side with the others' (decision 172).
     pub async fn round(&self) -> sqlx::Result<Round> {
         let lease_ms = claim_lease(self.config.publish_timeout).as_millis() as i64;
         let claim = Uuid::new_v4();
         let batch_size = i64::from(self.config.batch_size);
         let claiming = Instant::now();
-        let claimed = self
-            .db
-            .run(async |c| {
-                let Some(start) = self.tenants.start(c, batch_size as usize).await? else {
-                    return Ok(None);
-                };
-                let Claim {
-                    claimed,
-                    had_nothing,
-                    full,
-                } = claim_fairly(c, &start, batch_size, lease_ms, claim).await?;
-                self.tenants.claimed(&start, &had_nothing, full);
-                Ok::<_, sqlx::Error>(Some((start.now, claimed, start.more, start.groups)))
-            })
-            .await?;
-        let Some((
-            now,
-            store::Claimed {
-                events: batch,
-                unreadable,
-                parked,
-            },
-            more_tenants,
-            groups,
-        )) = claimed
-        else {
+        let Some(start) = self.tenants.start(&self.db, batch_size as usize).await? else {
             // No tenant known to have due events: nothing was asked of the database.
             return Ok(Round::default());
         };
+        // Each part on its own database, side by side, with that database's time: a
+        // node that fails leaves only its own tenants out of the round.
+        let budgets = budgets(batch_size, &start);
+        let claims = futures::future::join_all(start.parts.iter().zip(budgets).map(
+            |(part, budget)| async move {
+                part.db
+                    .run(async |c| {
+                        let now = store::round_time(c).await?;
+                        let got =
+                            claim_fairly(c, &part.groups, now, budget, lease_ms, claim).await?;
+                        Ok::<_, sqlx::Error>((now, got))
+                    })
+                    .await
+            },
+        ))
+        .await;
+        let mut times = Vec::with_capacity(claims.len());
+        let (mut batch, mut unreadable, mut parked) = (Vec::new(), Vec::new(), 0);
+        let (mut had_nothing, mut full, mut failed) = (Vec::new(), Vec::new(), None);
+        for claimed in claims {
+            match claimed {
+                Ok((now, got)) => {
+                    times.push(Some(now));
+                    batch.extend(got.claimed.events);
+                    unreadable.extend(got.claimed.unreadable);
+                    parked += got.claimed.parked;
+                    had_nothing.extend(got.had_nothing);
+                    full.extend(got.full);
+                }
+                Err(e) => {
+                    times.push(None);
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            if times.iter().all(Option::is_none) {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "cannot claim on one of the nodes; the round goes on with the others' tenants");
+        }
+        self.tenants.claimed(&start, &had_nothing, full);
+        let more_tenants = start.more;
+        let parts = Parts {
+            parts: &start.parts,
+            times,
+        };
         metrics::claim_duration(claiming.elapsed().as_secs_f64());
         if !unreadable.is_empty() {
-            self.set_aside(&unreadable, claim).await?;
+            self.set_aside(&unreadable, claim, &parts).await?;
         }
         let too_old = !may_still_publish(claiming.elapsed(), self.config.publish_timeout);
         if too_old && !batch.is_empty() {
@@ -355,26 +380,49 @@ impl Relay {
             }
         }
         // Mark published rows first: the sooner they are marked, the sooner the next
-        // event of each order may go. One statement for the round's events (one per
-        // shard on a distributed database).
-        let woken = self
-            .db
-            .run(async |c| {
-                let mut woken = Vec::new();
-                for group in &groups {
-                    let events: Vec<(Uuid, Uuid)> = published
-                        .iter()
-                        .filter(|(tenant, _)| group.contains(tenant))
-                        .copied()
-                        .collect();
-                    woken.extend(store::mark_published(c, &events, claim, now).await?.woken);
+        // event of each order may go. One statement for each part's events (one per
+        // shard on a distributed database), the parts side by side, each on its own
+        // database at its own time.
+        let marks = futures::future::join_all(parts.claimed().map(|(part, now)| {
+            let published: Vec<(Uuid, Uuid)> = published
+                .iter()
+                .filter(|(tenant, _)| part.visits(tenant))
+                .copied()
+                .collect();
+            let failures: Vec<&Failure> = failures
+                .iter()
+                .filter(|f| part.visits(&f.tenant_id))
+                .collect();
+            async move {
+                if published.is_empty() && failures.is_empty() {
+                    return Ok(Vec::new());
                 }
-                for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
-                    store::mark_failed(c, tenant, &failures, claim, now).await?;
-                }
-                Ok::<_, sqlx::Error>(woken)
-            })
-            .await?;
+                part.db
+                    .run(async |c| {
+                        let mut woken = Vec::new();
+                        for group in &part.groups {
+                            let events: Vec<(Uuid, Uuid)> = published
+                                .iter()
+                                .filter(|(tenant, _)| group.contains(tenant))
+                                .copied()
+                                .collect();
+                            woken
+                                .extend(store::mark_published(c, &events, claim, now).await?.woken);
+                        }
+                        for (tenant, failures) in by_tenant(&failures, |f| f.tenant_id) {
+                            let failures: Vec<&Failure> = failures.into_iter().copied().collect();
+                            store::mark_failed(c, tenant, &failures, claim, now).await?;
+                        }
+                        Ok::<_, sqlx::Error>(woken)
+                    })
+                    .await
+            }
+        }))
+        .await;
+        let mut woken = Vec::new();
+        for marked in marks {
+            woken.extend(marked?);
+        }
         // Their orders' next events are due now: visited in the next round.
         self.tenants.woken(woken);
         if not_sent.is_empty() || !published.is_empty() {
@@ -386,15 +434,14 @@ impl Relay {
             let failed_rounds = self.failed_rounds.fetch_add(1, Ordering::Relaxed) + 1;
             let pause = self.backoff.next(failed_rounds);
             let pause_ms = pause.as_millis() as i64;
-            self.db
-                .run(async |c| {
-                    for (tenant, events) in by_tenant(&not_sent, |e| e.0) {
-                        let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
-                        store::put_back(c, tenant, &ids, claim, pause_ms).await?;
-                    }
-                    Ok::<_, sqlx::Error>(())
-                })
-                .await?;
+            for (tenant, events) in by_tenant(&not_sent, |e| e.0) {
+                let ids: Vec<Uuid> = events.iter().map(|e| e.1).collect();
+                parts
+                    .db_of(tenant)
+                    .unwrap_or(&self.db)
+                    .run(async |c| store::put_back(c, tenant, &ids, claim, pause_ms).await)
+                    .await?;
+            }
             round.pause = published.is_empty().then_some(pause);
         }
         round.published = published.len();
@@ -406,19 +453,23 @@ impl Relay {
 
     /// Rows that cannot be read go DEAD alone, counted and logged, so that the rest of
     /// their batch is published.
-    async fn set_aside(&self, rows: &[store::Unreadable], claim: Uuid) -> sqlx::Result<()> {
+    async fn set_aside(
+        &self,
+        rows: &[store::Unreadable],
+        claim: Uuid,
+        parts: &Parts<'_>,
+    ) -> sqlx::Result<()> {
         for row in rows {
             metrics::publish_failure(FailureReason::Unreadable);
             tracing::error!(event_id = %row.event_id, tenant = %row.tenant_id, error = %row.reason, "outbox row cannot be read; set aside as DEAD");
         }
-        self.db
-            .run(async |c| {
-                for (tenant, rows) in by_tenant(rows, |r| r.tenant_id) {
-                    store::set_aside(c, tenant, &rows, claim).await?;
-                }
-                Ok::<_, sqlx::Error>(())
-            })
-            .await?;
+        for (tenant, rows) in by_tenant(rows, |r| r.tenant_id) {
+            parts
+                .db_of(tenant)
+                .unwrap_or(&self.db)
+                .run(async |c| store::set_aside(c, tenant, &rows, claim).await)
+                .await?;
+        }
         Ok(())
     }
 
@@ -443,7 +494,48 @@ impl Relay {
     }
 }
 
-/// Claims up to `batch` due events of the round's tenants, one statement for each
+/// Where a round records its outcomes: each part's database, at the time its claim
+/// read there (none for a part whose claim failed: it claimed nothing).
+struct Parts<'a> {
+    parts: &'a [Part],
+    times: Vec<Option<DateTime<Utc>>>,
+}
+
+impl Parts<'_> {
+    /// The parts whose claim went through, each with its time.
+    fn claimed(&self) -> impl Iterator<Item = (&Part, DateTime<Utc>)> {
+        self.parts
+            .iter()
+            .zip(&self.times)
+            .filter_map(|(part, time)| time.map(|t| (part, t)))
+    }
+
+    /// The database of the part that visited `tenant`.
+    fn db_of(&self, tenant: Uuid) -> Option<&Db> {
+        self.parts
+            .iter()
+            .find(|part| part.visits(&tenant))
+            .map(|part| &part.db)
+    }
+}
+
+/// A round's batch shared out among its parts by their tenants (the first ones one
+/// more each), so that every tenant's share is the same whichever node it is on.
+fn budgets(batch: i64, start: &Start) -> Vec<i64> {
+    let total = start.tenants().max(1) as i64;
+    let mut budgets: Vec<i64> = start
+        .parts
+        .iter()
+        .map(|part| batch * part.tenants() as i64 / total)
+        .collect();
+    let left = batch - budgets.iter().sum::<i64>();
+    for budget in budgets.iter_mut().take(left.max(0) as usize) {
+        *budget += 1;
+    }
+    budgets
+}
+
+/// Claims up to `batch` due events of a part's tenants, one statement for each
 /// group of them (all of them on one server, each shard's on a distributed database):
 /// each tenant gets an equal share first (so one tenant's backlog cannot crowd out
 /// another's few events), then what the shares left of the batch is shared out among
@@ -454,18 +546,20 @@ impl Relay {
 /// their share (they may have more).
 async fn claim_fairly(
     sql: &mut Sql<'_>,
-    start: &Start,
+    groups: &[Vec<Uuid>],
+    now: DateTime<Utc>,
     batch: i64,
     lease_ms: i64,
     claim: Uuid,
 ) -> sqlx::Result<Claim> {
     let mut claimed = store::Claimed::default();
     let mut had_nothing = Vec::new();
-    let share = (batch / start.tenants().max(1) as i64).max(1);
+    let tenants: usize = groups.iter().map(Vec::len).sum();
+    let share = (batch / tenants.max(1) as i64).max(1);
     let mut filled: Vec<Vec<Uuid>> = Vec::new();
-    for group in &start.groups {
+    for group in groups {
         let shares: Vec<(Uuid, i64)> = group.iter().map(|t| (*t, share)).collect();
-        let Some(got) = claim_group(sql, &shares, start.now, lease_ms, claim, true).await? else {
+        let Some(got) = claim_group(sql, &shares, now, lease_ms, claim, true).await? else {
             continue;
         };
         filled.push(got.full);
@@ -498,7 +592,7 @@ async fn claim_fairly(
         if shares.is_empty() {
             continue;
         }
-        if let Some(got) = claim_group(sql, &shares, start.now, lease_ms, claim, false).await? {
+        if let Some(got) = claim_group(sql, &shares, now, lease_ms, claim, false).await? {
             claimed.absorb(got.claimed);
         }
     }
@@ -571,7 +665,7 @@ const GROUP_CLAIMS: Forms<GroupClaim> = Forms {
 async fn claim_group(
     sql: &mut Sql<'_>,
     shares: &[(Uuid, i64)],
-    now: chrono::DateTime<chrono::Utc>,
+    now: DateTime<Utc>,
     lease_ms: i64,
     claim: Uuid,
     park: bool,

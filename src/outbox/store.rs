@@ -302,12 +302,11 @@ struct DueTenant {
 /// The database's time, as a round reads it.
 pub const ROUND_TIME: &str = "SELECT clock_timestamp()";
 
-/// The database's time, and the shard of each tenant `$1` (a lookup in the
-/// coordinator's metadata, no worker asked): a distributed round claims one shard's
-/// tenants per statement.
-pub const ROUND_SHARDS: &str = "SELECT clock_timestamp(),
-            array(SELECT get_shard_id_for_distribution_column('outbox_event', t)
-                  FROM unnest($1::uuid[]) WITH ORDINALITY AS u(t, i) ORDER BY i)";
+/// The shard of each tenant `$1` (a lookup in the coordinator's metadata, no worker
+/// asked): a distributed round without routes claims one shard's tenants per statement.
+pub const SHARDS_OF: &str = "SELECT array(
+            SELECT get_shard_id_for_distribution_column('outbox_event', t)
+            FROM unnest($1::uuid[]) WITH ORDINALITY AS u(t, i) ORDER BY i)";
 
 /// How many tenants one round visits at most in each layout; each gets an equal share
 /// of the batch.
@@ -506,13 +505,10 @@ pub async fn round_time(sql: &mut Sql<'_>) -> sqlx::Result<DateTime<Utc>> {
     sql.query_scalar(ROUND_TIME).fetch_one(sql.conn()).await
 }
 
-/// The database's time and the shard of each of `tenants`, in their order (see
-/// [`ROUND_SHARDS`]; distributed databases only).
-pub async fn round_shards(
-    sql: &mut Sql<'_>,
-    tenants: &[Uuid],
-) -> sqlx::Result<(DateTime<Utc>, Vec<i64>)> {
-    sql.query_as(ROUND_SHARDS)
+/// The shard of each of `tenants`, in their order (see [`SHARDS_OF`]; distributed
+/// databases only).
+pub async fn shards_of(sql: &mut Sql<'_>, tenants: &[Uuid]) -> sqlx::Result<Vec<i64>> {
+    sql.query_scalar(SHARDS_OF)
         .bind(tenants)
         .fetch_one(sql.conn())
         .await

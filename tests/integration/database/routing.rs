@@ -3,8 +3,11 @@
 //! transactions there, where through the coordinator each statement would be planned
 //! twice and its answer relayed.
 //!
+//! The relay's rounds do the same with the tenant's events (decision 172): each node's
+//! part of a round (the claim, the park, the mark) runs on that node.
+//!
 //! The proof is read on the node itself: a statement trigger of the test's own on the
-//! tenant's shard of `orders` notes the `application_name` of each session that writes
+//! tenant's shard of a table notes the `application_name` of each session that writes
 //! it. A statement the coordinator forwards arrives on a session Citus names
 //! `citus_internal …`; a routed one on orderd's own connection.
 
@@ -13,15 +16,20 @@ use std::str::FromStr;
 use sqlx::{Connection, PgConnection, postgres::PgConnectOptions};
 use uuid::Uuid;
 
-use crate::support::{TestDb, citus_workers, new_key, on_citus, order_body, spawn_app_on};
+use crate::support::{
+    TestDb, citus_workers, new_key, on_citus, order_body,
+    sns::{Topic, moto_endpoint},
+    spawn_app_on, spawn_publishing_app_on,
+};
 
-/// The name of `tenant`'s shard of `orders` and the port of its node.
-async fn shard_of(db: &TestDb, tenant: Uuid) -> (String, i32) {
+/// The name of `tenant`'s shard of `table` and the port of its node.
+async fn shard_of(db: &TestDb, table: &str, tenant: Uuid) -> (String, i32) {
     sqlx::query_as(
-        "SELECT shard_name('orders'::regclass, p.shardid)::text, n.nodeport
+        "SELECT shard_name($1::regclass, p.shardid)::text, n.nodeport
          FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
-         WHERE p.shardid = get_shard_id_for_distribution_column('orders', $1)",
+         WHERE p.shardid = get_shard_id_for_distribution_column($1::regclass, $2)",
     )
+    .bind(table)
     .bind(tenant)
     .fetch_one(&db.pool)
     .await
@@ -62,6 +70,21 @@ async fn note_writers(node: &mut PgConnection, shard: &str) {
     }
 }
 
+/// A new database, a tenant, and a session on the node that holds the tenant's shard of
+/// `table`, noting who writes it; none on one server (nothing to route to).
+async fn watched(table: &str) -> Option<(TestDb, Uuid, PgConnection)> {
+    if !on_citus() {
+        eprintln!("Citus only: one server has no nodes to route to");
+        return None;
+    }
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let (shard, port) = shard_of(&db, table, tenant).await;
+    let mut node = on_worker(&db, port).await;
+    note_writers(&mut node, &shard).await;
+    Some((db, tenant, node))
+}
+
 /// The sessions that wrote the shard since the last look, and forgets them.
 async fn writers(node: &mut PgConnection) -> Vec<String> {
     sqlx::query_scalar("DELETE FROM written_by RETURNING app")
@@ -72,15 +95,9 @@ async fn writers(node: &mut PgConnection) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_s_writes_run_on_the_node_that_holds_its_shard_unless_routing_is_off() {
-    if !on_citus() {
-        eprintln!("Citus only: one server has no nodes to route to");
+    let Some((db, tenant, mut node)) = watched("orders").await else {
         return;
-    }
-    let db = TestDb::new().await;
-    let tenant = Uuid::new_v4();
-    let (shard, port) = shard_of(&db, tenant).await;
-    let mut node = on_worker(&db, port).await;
-    note_writers(&mut node, &shard).await;
+    };
 
     let app = spawn_app_on(db.handle().await, &[]).await;
     let token = app.token(tenant);
@@ -122,5 +139,38 @@ async fn a_tenant_s_writes_run_on_the_node_that_holds_its_shard_unless_routing_i
                 .iter()
                 .all(|app| app.starts_with("citus_internal")),
         "through the coordinator: {forwarded:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_claims_and_marks_a_tenant_s_events_on_the_node_that_holds_its_shard() {
+    let Some((db, tenant, mut node)) = watched("outbox_event").await else {
+        return;
+    };
+
+    let topic = Topic::create(false).await;
+    let app = spawn_publishing_app_on(db.handle().await, &moto_endpoint(), &topic.arn, &[]).await;
+    let token = app.token(tenant);
+    for _ in 0..3 {
+        let created = app
+            .create(&token, &new_key(), &order_body("SKU-RELAYED", 1))
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+    }
+    assert_eq!(topic.collect(3).await.len(), 3);
+    db.until_count(
+        "SELECT count(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+        3,
+    )
+    .await;
+    let writers = writers(&mut node).await;
+    // The writers' inserts, then at least one claim and one mark.
+    assert!(
+        writers.len() >= 5,
+        "three inserts, a claim and a mark at least: {writers:?}"
+    );
+    assert!(
+        writers.iter().all(|app| !app.starts_with("citus_internal")),
+        "the relay's statements ran on its own sessions on the node: {writers:?}"
     );
 }

@@ -50,6 +50,9 @@ async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing
             ("DATABASE_URL", &through),
             ("ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", "1000"),
             ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "60000"),
+            // The hold sits in front of the coordinator: on Citus the relay's rounds
+            // must go through it, not to the nodes (decision 172).
+            ("ORDERD_CITUS_ROUTING", "off"),
         ],
     )
     .await;
