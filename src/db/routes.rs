@@ -210,8 +210,7 @@ impl<P: Clone> Routes<P> {
     /// The pool of the node that holds `tenant`'s shard, unless it is down or not
     /// known.
     pub fn for_tenant(&self, tenant: Uuid) -> Option<P> {
-        let table = self.table();
-        let at = shard_index(&table.placements, tenant_hash(tenant))?;
+        let (table, at) = self.placement(tenant)?;
         self.node_db(&table.placements[at].node)
     }
 
@@ -219,11 +218,16 @@ impl<P: Clone> Routes<P> {
     /// same index share a shard), the node that holds it (`host:port` as Citus knows
     /// it), and that node's pool unless it is down.
     pub fn place(&self, tenant: Uuid) -> Option<(usize, String, Option<P>)> {
+        let (table, at) = self.placement(tenant)?;
+        let node = &table.placements[at].node;
+        Some((at, node.clone(), self.node_db(node)))
+    }
+
+    /// The routes as last read, and the index of `tenant`'s placement in them.
+    fn placement(&self, tenant: Uuid) -> Option<(Arc<Table>, usize)> {
         let table = self.table();
         let at = shard_index(&table.placements, tenant_hash(tenant))?;
-        let node = table.placements[at].node.clone();
-        let pool = self.node_db(&node);
-        Some((at, node, pool))
+        Some((table, at))
     }
 
     /// Every node holding shards, by name (`host:port` as Citus knows it), with the
