@@ -1,39 +1,36 @@
 //! PostgreSQL goes silent: every packet between orderd and the server is dropped, and
-//! nothing closes. Each request still answers, 503 `service-unavailable` with
+//! nothing closes (on Citus, between orderd and every node: the coordinator and the
+//! workers its routes reach, which the cluster's own connections cross too). Each request still answers, 503 `service-unavailable` with
 //! `Retry-After`, within the statement timeout and the pool's wait (orderd keeps a
 //! deadline of its own on every database call); once the network heals, the retries
 //! succeed and no key makes a second order. Beside it, the database's other quiet
 //! faults: a commit whose answer is lost, a transaction dropped half-way, a transaction
 //! pooler killed and started again.
 
-use std::time::{Duration, Instant};
+use std::{
+    str::FromStr,
+    time::{Duration, Instant},
+};
 
+use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use crate::support::{
-    Reply, TestDb, new_key, on_citus, order_body,
+    Reply, TestDb, citus_workers, new_key, on_citus, order_body,
     pgbouncer::OwnPgBouncer,
-    proxy::{Mode, in_front_of_db},
+    proxy::{Mode, database_behind_network},
     spawn_app_on,
 };
 
-/// The fault sits in front of `DATABASE_URL`. On Citus, orderd would reach each
-/// tenant's node apart from it (decision 171), so these tests send everything through
-/// the coordinator, as an operator's `ORDERD_CITUS_ROUTING=off` does; on one server the
-/// setting changes nothing. (The same faults in front of each node are not staged yet.)
-const COORDINATOR_ONLY: (&str, &str) = ("ORDERD_CITUS_ROUTING", "off");
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doubles_after() {
-    let db = TestDb::new().await;
-    let (proxy, through) = in_front_of_db(&db.url).await;
+    let (db, network, through) = database_behind_network().await;
     let app = spawn_app_on(
         db,
         &[
             ("DATABASE_URL", &through),
             ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "1000"),
             ("ORDERD_LEASE_SECS", "2"),
-            COORDINATOR_ONLY,
         ],
     )
     .await;
@@ -45,7 +42,7 @@ async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doub
         assert_eq!(warm.status, 201);
     }
 
-    proxy.set(Mode::Silent);
+    network.set(Mode::Silent);
     let keys: Vec<String> = (0..8).map(|_| new_key()).collect();
     // A client of its own whose timeout is far past any bound orderd keeps: what it
     // catches is a request left hanging, not a slow one.
@@ -84,7 +81,7 @@ async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doub
     println!("answers while silent (ms): {took:?}");
 
     // Healed: what was held goes through, and every retry ends in one order.
-    proxy.set(Mode::Forward);
+    network.set(Mode::Forward);
     for key in &keys {
         let mut tries = 0;
         loop {
@@ -137,9 +134,8 @@ async fn every_request_answers_503_while_the_database_is_silent_and_nothing_doub
 /// answer, and the key made one order and one event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
-    let db = TestDb::new().await;
-    let (proxy, through) = in_front_of_db(&db.url).await;
-    let app = spawn_app_on(db, &[("DATABASE_URL", &through), COORDINATOR_ONLY]).await;
+    let (db, network, through) = database_behind_network().await;
+    let app = spawn_app_on(db, &[("DATABASE_URL", &through)]).await;
     let tenant = Uuid::new_v4();
     let token = app.token(tenant);
     let warm = app
@@ -149,7 +145,7 @@ async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
 
     // On one server the create's statement commits on its own; on Citus the create is
     // a transaction of routed statements, committed by a `COMMIT` of its own.
-    proxy.set(if on_citus() {
+    network.set(if on_citus() {
         Mode::CutAtCommitAfter("AMBIGUOUS-1")
     } else {
         Mode::CutAfter("AMBIGUOUS-1")
@@ -157,7 +153,7 @@ async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
     let key = new_key();
     let body = order_body("AMBIGUOUS-1", 1);
     let cut = app.create(&token, &key, &body).await;
-    proxy.set(Mode::Forward);
+    network.set(Mode::Forward);
     cut.assert_problem(503, "service-unavailable");
     assert!(cut.header("retry-after").is_some());
 
@@ -224,15 +220,29 @@ async fn a_transaction_dropped_half_way_lets_go_of_its_locks_at_once() {
     assert_eq!(one, 1);
 }
 
-/// The transaction pooler killed (`kill -9`: every connection cut mid-flight) and
+/// The transaction poolers killed (`kill -9`: every connection cut mid-flight) and
 /// started again on its port: while it is down each request answers 503 with
 /// `Retry-After` (never 500, never a hang); once it is back every retry of every key
 /// succeeds on fresh connections, and no key made two orders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
     let db = TestDb::new().await;
+    // One pooler per server, as an operator puts one in front of each Citus node and
+    // names the workers' in `ORDERD_CITUS_NODE_URLS`.
     let bouncer = OwnPgBouncer::start();
     let through = bouncer.url_through(&db.url);
+    let workers: Vec<(String, OwnPgBouncer)> = citus_workers()
+        .iter()
+        .map(|worker| {
+            let options = PgConnectOptions::from_str(worker).expect("a worker URL parses");
+            let node = format!("{}:{}", options.get_host(), options.get_port());
+            (node, OwnPgBouncer::in_front_of(worker))
+        })
+        .collect();
+    let node_urls: Vec<String> = workers
+        .iter()
+        .map(|(node, pooler)| format!("{node}={}", pooler.url_through(&db.url)))
+        .collect();
     let direct = db.url.clone();
     let app = spawn_app_on(
         db,
@@ -240,7 +250,7 @@ async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
             ("DATABASE_URL", &through),
             ("ORDERD_DATABASE_DIRECT_URL", &direct),
             ("ORDERD_DB_POOLER", "transaction"),
-            COORDINATOR_ONLY,
+            ("ORDERD_CITUS_NODE_URLS", &node_urls.join(",")),
         ],
     )
     .await;
@@ -256,6 +266,7 @@ async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
     }
 
     bouncer.kill();
+    workers.iter().for_each(|(_, pooler)| pooler.kill());
     for key in &keys {
         let reply = app.create(&token, key, &order_body("POOLER-1", 1)).await;
         reply.assert_problem(503, "service-unavailable");
@@ -263,6 +274,7 @@ async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
     }
 
     bouncer.restart();
+    workers.iter().for_each(|(_, pooler)| pooler.restart());
     for key in &keys {
         let mut tries = 0;
         let reply = loop {

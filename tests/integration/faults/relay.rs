@@ -9,8 +9,8 @@ use std::{process::Command, time::Duration};
 use uuid::Uuid;
 
 use crate::support::{
-    TestDb, new_key, on_citus, order_body,
-    proxy::{Mode, in_front_of_db},
+    new_key, on_citus, order_body,
+    proxy::{Mode, database_behind_network},
     sns::{Topic, moto_endpoint},
     spawn_publishing_app_on,
 };
@@ -26,8 +26,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_orderd");
 async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing_an_erase_removed()
 {
     let topic = Topic::create(false).await;
-    let db = TestDb::new().await;
-    let (proxy, through) = in_front_of_db(&db.url).await;
+    // On Citus the relay claims on the tenant's node: the hold is in front of every
+    // node.
+    let (db, network, through) = database_behind_network().await;
     let (tenant, other) = (Uuid::new_v4(), Uuid::new_v4());
     // The tenant's order and its pending event, before any relay runs.
     db.backlog(tenant, 1).await;
@@ -35,7 +36,7 @@ async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing
     // The first statement through the proxy that binds the tenant (16 bytes, uuid's
     // binary form) is the relay's claim of its event.
     let marker: &'static [u8] = Box::leak(Box::new(*tenant.as_bytes()));
-    proxy.set(if on_citus() {
+    network.set(if on_citus() {
         Mode::HoldAtCommitAfter(marker)
     } else {
         Mode::HoldAfter(marker)
@@ -50,9 +51,6 @@ async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing
             ("DATABASE_URL", &through),
             ("ORDERD_OUTBOX_PUBLISH_TIMEOUT_MS", "1000"),
             ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "60000"),
-            // The hold sits in front of the coordinator: on Citus the relay's rounds
-            // must go through it, not to the nodes (decision 172).
-            ("ORDERD_CITUS_ROUTING", "off"),
         ],
     )
     .await;
@@ -77,7 +75,7 @@ async fn a_relay_held_between_claim_and_publish_past_its_lease_publishes_nothing
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    proxy.set(Mode::Forward);
+    network.set(Mode::Forward);
 
     // The relay goes on: another tenant's event goes out. Everything the held round
     // would have published went out before it.

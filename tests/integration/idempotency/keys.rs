@@ -210,24 +210,14 @@ async fn a_processing_key_whose_lease_expired_is_taken_over_and_completed_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
-    // The lock that stalls the inserts is the coordinator's: on Citus the tenant's
-    // statements go there, not to its node (decision 171), for this test.
-    let app = spawn_app_with(&[
-        ("ORDERD_LEASE_SECS", "1"),
-        ("ORDERD_INFLIGHT_WAIT_MS", "0"),
-        ("ORDERD_CITUS_ROUTING", "off"),
-    ])
-    .await;
+    let app = spawn_app_with(&[("ORDERD_LEASE_SECS", "1"), ("ORDERD_INFLIGHT_WAIT_MS", "0")]).await;
     let token = app.token(Uuid::new_v4());
     let key = new_key();
     let body = order_body("SKU-1", 1);
 
-    // Stall every order insert by holding a lock on the table from the test.
-    let mut blocker = app.db.pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    // Stall every order insert by holding a lock on the table from the test, on every
+    // node (on Citus the insert runs on the tenant's).
+    let blocker = app.db.lock_everywhere("orders").await;
 
     // A claims the key and blocks on its insert.
     let a = tokio::spawn({
@@ -244,7 +234,7 @@ async fn a_paused_owner_that_lost_its_lease_rolls_back_and_is_told_409() {
         async move { post(&app_base, &token, &key, &body).await }
     });
     wait_for_owner_change(&app).await;
-    blocker.rollback().await.unwrap();
+    blocker.release().await;
 
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     let mut statuses = [a.0, b.0];
@@ -626,7 +616,10 @@ async fn wait_for_claim(app: &TestApp) {
 async fn wait_for_owner_change(app: &TestApp) {
     app.db
         .until_count(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'",
+            &format!(
+                "{} AND query LIKE '%INSERT INTO orders%'",
+                app.db.lock_waiters()
+            ),
             2,
         )
         .await;

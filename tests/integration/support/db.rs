@@ -330,6 +330,35 @@ impl TestDb {
         panic!("`{sql}` stayed at {last}, wanted {want}");
     }
 
+    /// `table` locked (`ACCESS EXCLUSIVE`) in a transaction of its own on every server of
+    /// the database, the coordinator and each Citus worker (a tenant's statements run on
+    /// its node, against the table there), held until [`Locks::release`]. Each lock is
+    /// taken where it is asked for alone: Citus would pass a `LOCK` on to other nodes
+    /// itself (`citus.enable_ddl_propagation`), and the next node's own would wait
+    /// for it.
+    pub async fn lock_everywhere(&self, table: &str) -> Locks {
+        let mut held = Vec::new();
+        let nodes = std::iter::once(self.url.clone()).chain(
+            self.workers
+                .iter()
+                .map(|worker| url_with_database(worker, &self.name)),
+        );
+        for url in nodes {
+            let mut conn = PgConnection::connect(&url)
+                .await
+                .expect("connect to a node");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "BEGIN; SET LOCAL citus.enable_ddl_propagation = off;
+                 LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+            )))
+            .execute(&mut conn)
+            .await
+            .expect("lock the table");
+            held.push(conn);
+        }
+        Locks(held)
+    }
+
     /// A count of the sessions of this database waiting on a lock: on Citus in its
     /// view of every node's sessions, since a statement routed to a worker waits there.
     pub fn lock_waiters(&self) -> String {
@@ -527,4 +556,16 @@ pub async fn create_order_in(
     .unwrap();
     assert!(written, "the fence of a fresh claim holds");
     order
+}
+
+/// Tables locked on every node by [`TestDb::lock_everywhere`].
+pub struct Locks(Vec<PgConnection>);
+
+impl Locks {
+    /// Rolls every lock's transaction back.
+    pub async fn release(self) {
+        for mut conn in self.0 {
+            sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
+        }
+    }
 }

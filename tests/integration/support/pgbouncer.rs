@@ -42,8 +42,8 @@ fn url_at(url: &str, address: &str) -> String {
 
 /// Writes `dir`'s configuration: transaction mode on `port` in front of the test server,
 /// strict, its PID in `dir/pgbouncer.pid`. Says whether it must run as `postgres`.
-fn configure(dir: &std::path::Path, port: u16) -> bool {
-    let server = PgConnectOptions::from_str(&admin_url()).expect("the test server URL");
+fn configure(dir: &std::path::Path, port: u16, server: &str) -> bool {
+    let server = PgConnectOptions::from_str(server).expect("the server's URL");
     std::fs::create_dir_all(dir).unwrap();
     let ini = format!(
         "[databases]\n* = host={host} port={server_port}\n\
@@ -91,7 +91,7 @@ fn start() -> String {
     let port = super::free_port();
     let dir: PathBuf =
         std::env::temp_dir().join(format!("orderd-pgbouncer-{}", std::process::id()));
-    let as_postgres = configure(&dir, port);
+    let as_postgres = configure(&dir, port, &admin_url());
     // Exits with this test process: the watcher loop kills it when the parent is gone.
     let run = format!(
         "{runner} {bin} {dir}/pgbouncer.ini & p=$!; while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill $p",
@@ -124,10 +124,16 @@ pub struct OwnPgBouncer {
 }
 
 impl OwnPgBouncer {
+    /// In front of the test server.
     pub fn start() -> Self {
+        Self::in_front_of(&admin_url())
+    }
+
+    /// In front of the server of `server` (a URL: a Citus worker's, say).
+    pub fn in_front_of(server: &str) -> Self {
         let port = super::free_port();
         let dir = std::env::temp_dir().join(format!("orderd-pgbouncer-own-{port}"));
-        let as_postgres = configure(&dir, port);
+        let as_postgres = configure(&dir, port, server);
         let bouncer = Self {
             port,
             dir,

@@ -9,13 +9,17 @@
 //! ambiguous commit), or hold a connection's answers once such a request went out (a
 //! process stopped right after its statement committed).
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, str::FromStr};
+
+use sqlx::postgres::PgConnectOptions;
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::watch,
 };
+
+use super::db::{TestDb, citus_workers, on_citus};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -196,4 +200,44 @@ pub async fn in_front_of_db(url: &str) -> (Proxy, String) {
     let proxy = Proxy::start(upstream).await;
     let through = format!("{scheme_user}@{}/{path}", proxy.address);
     (proxy, through)
+}
+
+/// A proxy in front of every server of a test database, set as one: the network
+/// between orderd and its database, whichever node a statement goes to.
+pub struct Network {
+    proxies: Vec<Proxy>,
+}
+
+impl Network {
+    pub fn set(&self, mode: Mode) {
+        for proxy in &self.proxies {
+            proxy.set(mode);
+        }
+    }
+}
+
+/// A test database behind a [`Network`], and its URL through it. On one server, a
+/// proxy in front of it. On Citus, one in front of the coordinator and one in front of
+/// each worker: the database knows each worker at its proxy's address, so the
+/// coordinator reaches it there, and so does orderd, whose routes to a tenant's node
+/// take that address (`DATABASE_URL`'s host with the node's port). A fault set on the
+/// network is then met by every statement, routed or not.
+pub async fn database_behind_network() -> (TestDb, Network, String) {
+    let mut proxies = Vec::new();
+    let db = if on_citus() {
+        for worker in citus_workers() {
+            let options = PgConnectOptions::from_str(&worker).expect("a worker URL parses");
+            let upstream =
+                SocketAddr::from_str(&format!("{}:{}", options.get_host(), options.get_port()))
+                    .expect("a worker at an IP address");
+            proxies.push(Proxy::start(upstream).await);
+        }
+        let addresses: Vec<String> = proxies.iter().map(|p| p.address.to_string()).collect();
+        TestDb::on_citus_reaching(|i, _| addresses[i].clone()).await
+    } else {
+        TestDb::new().await
+    };
+    let (coordinator, through) = in_front_of_db(&db.url).await;
+    proxies.push(coordinator);
+    (db, Network { proxies }, through)
 }
