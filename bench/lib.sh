@@ -4,6 +4,17 @@
 # pgbench runs, their rates, the CPU they cost, the alternating create pairs). Sourced
 # after .ci/lib.sh and `ensure_postgres`, not run.
 
+# Where relay_bench's diagnostics go (its last stdout line is the figure each script
+# keeps): a step that fails names this file instead of losing why.
+RELAY_LOG="$(target_dir)/bench-relay.log"
+relay_run() { # command...: runs relay_bench, prints its last line
+    "$@" 2>>"$RELAY_LOG" | tail -n 1 || {
+        log "relay_bench failed ($*); its log: $RELAY_LOG"
+        tail -n 20 "$RELAY_LOG" >&2
+        return 1
+    }
+}
+
 # Creates database $2 on the server of DATABASE_URL, migrates it and serves it with the
 # binary $1, logging to $3. One worker thread (ORDERD_WORKER_THREADS=1, overridable):
 # PostgreSQL and the load tool share the two cores, and a second worker spent more on
