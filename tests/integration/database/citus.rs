@@ -17,7 +17,8 @@ use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::support::{
-    TestDb, new_key, on_citus, order_body, sns::Topic, spawn_app, spawn_publishing_app_on, token,
+    TestDb, db::other_worker, new_key, on_citus, order_body, sns::Topic, spawn_app,
+    spawn_publishing_app_on, token,
 };
 
 /// The tables orderd distributes, and the one it makes a reference table.
@@ -591,16 +592,7 @@ async fn a_busy_tenant_is_moved_to_the_other_worker_under_load_and_nothing_is_lo
     let (now_shard, host, port) = placement(&mut admin, "orders", busy).await;
     assert_eq!((now_shard, &host, port), (shard, &from_host, from_port));
     assert_ne!(shard, from_shard, "the tenant has a shard of its own");
-    let (to_host, to_port): (String, i32) = sqlx::query_as(
-        "SELECT nodename::text, nodeport FROM pg_dist_node
-         WHERE noderole = 'primary' AND shouldhaveshards AND groupid <> 0
-           AND (nodename, nodeport) <> ($1, $2)",
-    )
-    .bind(&host)
-    .bind(port)
-    .fetch_one(&mut admin)
-    .await
-    .unwrap();
+    let (to_host, to_port) = other_worker(&mut admin, &host, port).await;
     sqlx::query(
         "SELECT citus_move_shard_placement($1, $2, $3, $4, $5,
                                            shard_transfer_mode => 'force_logical')",

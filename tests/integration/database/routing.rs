@@ -6,6 +6,8 @@
 //! The relay's rounds do the same with the tenant's events (decision 172): each node's
 //! part of a round (the claim, the park, the mark) runs on that node.
 //!
+//! After a shard moves, the routes follow it: polled, the writes in between forwarded.
+//!
 //! The proof is read on the node itself: a statement trigger of the test's own on the
 //! tenant's shard of a table notes the `application_name` of each session that writes
 //! it. A statement the coordinator forwards arrives on a session Citus names
@@ -17,7 +19,9 @@ use sqlx::{Connection, PgConnection, postgres::PgConnectOptions};
 use uuid::Uuid;
 
 use crate::support::{
-    TestDb, citus_workers, new_key, on_citus, order_body,
+    TestDb, citus_workers,
+    db::other_worker,
+    new_key, on_citus, order_body,
     sns::{Topic, moto_endpoint},
     spawn_app_on, spawn_publishing_app_on,
 };
@@ -173,4 +177,94 @@ async fn the_relay_claims_and_marks_a_tenant_s_events_on_the_node_that_holds_its
         writers.iter().all(|app| !app.starts_with("citus_internal")),
         "the relay's statements ran on its own sessions on the node: {writers:?}"
     );
+}
+
+/// A tenant's shard moved to the other worker while orderd serves it: the writes that
+/// reach the old node before orderd reads the new placement are forwarded by Citus
+/// (`citus_internal` on the new node) and succeed; then orderd's routes follow (it polls
+/// a checksum of the placements every second) and the tenant's writes arrive on the new
+/// node on orderd's own sessions. Every create answers 201, one order per create. It
+/// prints how long after the move's end the routes followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_tenant_s_shard_moves_its_writes_follow_it_to_the_new_node() {
+    if !on_citus() {
+        eprintln!("Citus only: one server has no nodes to route to");
+        return;
+    }
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let app = spawn_app_on(db.handle().await, &[]).await;
+    let token = app.token(tenant);
+    let mut created = 0;
+    let mut create = async || {
+        let reply = app
+            .create(&token, &new_key(), &order_body("SKU-MOVED", 1))
+            .await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+        created += 1;
+    };
+    create().await;
+
+    // The tenant's rows in shards of their own (writes held back for the copy), moved
+    // to the other worker.
+    let shard: i64 = sqlx::query_scalar(
+        "SELECT isolate_tenant_to_new_shard('orders', $1, 'CASCADE',
+                                            shard_transfer_mode => 'block_writes')",
+    )
+    .bind(tenant)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let (from_host, from_port): (String, i32) = sqlx::query_as(
+        "SELECT nodename::text, nodeport FROM pg_dist_shard_placement WHERE shardid = $1",
+    )
+    .bind(shard)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let (to_host, to_port) = other_worker(&db.pool, &from_host, from_port).await;
+    create().await;
+    sqlx::query(
+        "SELECT citus_move_shard_placement($1, $2, $3, $4, $5,
+                                           shard_transfer_mode => 'block_writes')",
+    )
+    .bind(shard)
+    .bind(&from_host)
+    .bind(from_port)
+    .bind(&to_host)
+    .bind(to_port)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let moved = std::time::Instant::now();
+    let (name, port) = shard_of(&db, "orders", tenant).await;
+    assert_eq!(port, to_port, "the shard is on the other worker");
+    let mut node = on_worker(&db, port).await;
+    note_writers(&mut node, &name).await;
+
+    // Writes until one arrives on orderd's own session; each of them succeeds.
+    let mut forwarded = 0;
+    let followed = loop {
+        create().await;
+        let seen = writers(&mut node).await;
+        if seen.iter().any(|app| !app.starts_with("citus_internal")) {
+            break moved.elapsed();
+        }
+        forwarded += seen.len();
+        assert!(
+            forwarded < 1_000,
+            "the tenant's writes never came to the new node on orderd's sessions"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    println!(
+        "routes followed the move {} ms after it ended ({forwarded} writes forwarded before)",
+        followed.as_millis()
+    );
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
+        .bind(tenant)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, created, "one order per create");
 }

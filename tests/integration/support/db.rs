@@ -39,6 +39,24 @@ pub fn on_citus() -> bool {
     !citus_workers().is_empty()
 }
 
+/// The primary worker other than the one at `host:port`: where a shard moves to.
+pub async fn other_worker<'e>(
+    conn: impl sqlx::PgExecutor<'e>,
+    host: &str,
+    port: i32,
+) -> (String, i32) {
+    sqlx::query_as(
+        "SELECT nodename::text, nodeport FROM pg_dist_node
+         WHERE noderole = 'primary' AND shouldhaveshards AND groupid <> 0
+           AND (nodename, nodeport) <> ($1, $2)",
+    )
+    .bind(host)
+    .bind(port)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
 /// Marks a test of one PostgreSQL server's own machinery (a server of the test's own,
 /// its planner's choices, a pooler in front of it), with `why` it means nothing on a
 /// Citus cluster: true there (the test then returns at once, and says so), false on one
