@@ -7,16 +7,14 @@
 //! faults: a commit whose answer is lost, a transaction dropped half-way, a transaction
 //! pooler killed and started again.
 
-use std::{
-    str::FromStr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use crate::support::{
-    Reply, TestDb, citus_workers, new_key, on_citus, order_body,
+    Reply, TestDb, citus_workers,
+    db::node_address,
+    new_key, on_citus, order_body,
     pgbouncer::OwnPgBouncer,
     proxy::{Mode, database_behind_network},
     spawn_app_on,
@@ -233,11 +231,7 @@ async fn a_pooler_killed_and_started_again_costs_503s_and_nothing_else() {
     let through = bouncer.url_through(&db.url);
     let workers: Vec<(String, OwnPgBouncer)> = citus_workers()
         .iter()
-        .map(|worker| {
-            let options = PgConnectOptions::from_str(worker).expect("a worker URL parses");
-            let node = format!("{}:{}", options.get_host(), options.get_port());
-            (node, OwnPgBouncer::in_front_of(worker))
-        })
+        .map(|worker| (node_address(worker), OwnPgBouncer::in_front_of(worker)))
         .collect();
     let node_urls: Vec<String> = workers
         .iter()

@@ -17,11 +17,12 @@ use std::{
 };
 
 use serde_json::Value;
-use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use crate::support::{
-    ServeProcess, TestDb, new_key, on_citus, order_body, post_order,
+    ServeProcess, TestDb,
+    db::node_address,
+    new_key, on_citus, order_body, post_order,
     proxy::{Mode, Proxy},
     sample,
     sns::{Topic, aws_env, moto_endpoint},
@@ -182,9 +183,7 @@ async fn a_dead_worker_stops_only_its_own_tenants_and_nothing_is_lost_when_it_re
         return;
     }
     let second = crate::support::db::citus_workers()[1].clone();
-    let options = PgConnectOptions::from_str(&second).unwrap();
-    let upstream =
-        SocketAddr::from_str(&format!("{}:{}", options.get_host(), options.get_port())).unwrap();
+    let upstream = SocketAddr::from_str(&node_address(&second)).unwrap();
     let proxy = Proxy::start(upstream).await;
     let through = proxy.address.to_string();
     let db = TestDb::on_citus_reaching(|i, address| {

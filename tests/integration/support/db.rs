@@ -39,6 +39,13 @@ pub fn on_citus() -> bool {
     !citus_workers().is_empty()
 }
 
+/// The `host:port` of the server a PostgreSQL URL names: how `pg_dist_node` names a
+/// node, and where a proxy of a test's own forwards to.
+pub fn node_address(url: &str) -> String {
+    let options = PgConnectOptions::from_str(url).expect("a node URL parses");
+    format!("{}:{}", options.get_host(), options.get_port())
+}
+
 /// The primary worker other than the one at `host:port`: where a shard moves to.
 pub async fn other_worker<'e>(
     conn: impl sqlx::PgExecutor<'e>,
@@ -135,17 +142,13 @@ async fn enable_citus_reaching(
         format!(r#"ALTER DATABASE "{name}" SET citus.shard_count = {CITUS_SHARDS}"#),
     )
     .await;
-    let host_port = |url: &str| {
-        let options = PgConnectOptions::from_str(url).expect("a node URL parses");
-        (options.get_host().to_string(), options.get_port())
-    };
-    let (host, port) = host_port(coordinator);
+    let coordinator_address = node_address(coordinator);
+    let (host, port) = coordinator_address.rsplit_once(':').expect("host:port");
     let mut register = vec![format!(
         "SELECT citus_set_coordinator_host('{host}', {port})"
     )];
     for (i, worker) in citus_workers().iter().enumerate() {
-        let (host, port) = host_port(worker);
-        let reached = reach(i, &format!("{host}:{port}"));
+        let reached = reach(i, &node_address(worker));
         let (host, port) = reached.rsplit_once(':').expect("host:port");
         register.push(format!("SELECT citus_add_node('{host}', {port})"));
     }

@@ -11,15 +11,13 @@
 
 use std::{net::SocketAddr, str::FromStr};
 
-use sqlx::postgres::PgConnectOptions;
-
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::watch,
 };
 
-use super::db::{TestDb, citus_workers, on_citus};
+use super::db::{TestDb, citus_workers, node_address, on_citus};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -226,10 +224,8 @@ pub async fn database_behind_network() -> (TestDb, Network, String) {
     let mut proxies = Vec::new();
     let db = if on_citus() {
         for worker in citus_workers() {
-            let options = PgConnectOptions::from_str(&worker).expect("a worker URL parses");
             let upstream =
-                SocketAddr::from_str(&format!("{}:{}", options.get_host(), options.get_port()))
-                    .expect("a worker at an IP address");
+                SocketAddr::from_str(&node_address(&worker)).expect("a worker at an IP address");
             proxies.push(Proxy::start(upstream).await);
         }
         let addresses: Vec<String> = proxies.iter().map(|p| p.address.to_string()).collect();
