@@ -13,12 +13,18 @@
 //! them back). `create_distributed_table_concurrently`, which keeps a table writable
 //! while it copies, does one table per transaction, which is the window this avoids.
 //! After the commit the coordinator's own copy of the rows, no longer read, is
-//! truncated. Each part looks first whether it was done, so running the command again
+//! truncated.
+//!
+//! The functions the writes call on a cluster ([`FUNCTIONS`]) are made on every node
+//! first, in a transaction of their own (Citus distributes no function in a transaction
+//! that distributed a table), so that no process that starts on the distributed layout
+//! calls one a node lacks. Each part looks first whether it was done, so running the command again
 //! finishes a run that stopped.
 //!
 //! `orderd citus undistribute` is the rollback: the tables back on the coordinator
 //! (`undistribute_table`, which copies their rows back while holding writes back), with
 //! the wake-up trigger and the index of the single-server layout, in one transaction.
+//! The functions stay on every node: one server does not call them.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +69,15 @@ const TABLES: [(&str, Placement); 4] = [
     ("orders", Placement::ByTenant),
     ("idempotency_record", Placement::CoLocatedWithOrders),
     ("outbox_event", Placement::CoLocatedWithOrders),
+];
+
+/// The functions a distributed database's writes call (the claim and the create, made
+/// by the migrations), by their signatures. Not co-located with the tables (see their
+/// migration).
+const FUNCTIONS: [&str; 2] = [
+    "orderd_claim(uuid,text,text,bytea,uuid,bigint)",
+    "orderd_create(uuid,text,text,uuid,smallint,text,text,bytea,timestamptz,text,uuid,smallint,\
+     uuid,uuid,text,integer,text,timestamptz,uuid,uuid,uuid,integer,text,jsonb,timestamptz,text,text)",
 ];
 
 /// What the single-server layout has and a distributed one cannot: the trigger that
@@ -129,6 +144,21 @@ fn distribute_plans() -> Vec<Plan> {
         }
     });
     drops.chain(tables).collect()
+}
+
+/// The functions made on every node (Citus's own propagation, as `CREATE FUNCTION` on
+/// a cluster gets), in one transaction, before the tables are distributed.
+fn function_plans() -> Vec<Plan> {
+    FUNCTIONS
+        .iter()
+        .map(|function| Plan {
+            what: format!("{function}: on every node"),
+            done: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_object WHERE objid = '{function}'::regprocedure)"
+            ),
+            run: format!("SELECT create_distributed_function('{function}')"),
+        })
+        .collect()
 }
 
 /// After the distribution commits, the rows the coordinator kept for each table, which
@@ -220,6 +250,7 @@ pub async fn distribute(
     mut each: impl FnMut(&Step),
 ) -> Result<Option<Duration>, NotReady> {
     ready(conn).await?;
+    in_one_transaction(conn, &function_plans(), &mut each).await?;
     let held = in_one_transaction(conn, &distribute_plans(), &mut each).await?;
     if held.is_some() {
         for plan in &leftover_plans() {

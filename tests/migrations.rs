@@ -74,6 +74,10 @@ const RELEASED: &[(&str, &str)] = &[
         "20261207000015_outbox_notify_per_row.sql",
         "923f34c6c02aeac7d6bd3ee02219e9a729162d92015d09c2a4aed4f85125c62a",
     ),
+    (
+        "20261207000016_routed_write_functions.sql",
+        "ffda3f7804ec6161ead9224e6bc792ed3dce64ea72f7fb77b5475bc7ded499e5",
+    ),
 ];
 
 /// Migrations up to this one made the first schema on an empty database, where an

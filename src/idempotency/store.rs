@@ -33,7 +33,7 @@ use super::{
     record::{Record, State, StoredResponse},
     seal::{Binding, Sealed, Sealer},
 };
-use crate::db::{self, End, Forms, Placeholders, Scan, Sql};
+use crate::db::{self, Forms, Placeholders, Scan, Sql};
 use crate::tenant::TenantId;
 
 /// The primary key of a record.
@@ -155,27 +155,32 @@ pub const CLAIM_OR_READ: &str = "WITH erasing AS (
 enum ClaimWrite {
     /// [`CLAIM_OR_READ`]: one statement.
     OneStatement,
-    /// [`CLAIM_ROUTED`], the erasure mark and the record, each routed to the tenant's
-    /// worker, in one transaction.
-    RoutedSteps,
+    /// [`CLAIM_CALL`]: one call of a function that runs on the tenant's node.
+    Call,
 }
 
 /// The claim's two forms. Both write the lease by the statement's time
 /// (`statement_timestamp()`), as every write of this table does.
 const CLAIM_WRITE: Forms<ClaimWrite> = Forms {
     one_server: ClaimWrite::OneStatement,
-    distributed: ClaimWrite::RoutedSteps,
+    distributed: ClaimWrite::Call,
 };
 
-/// The claim of [`CLAIM_OR_READ`] alone, as Citus routes it to the tenant's worker (a
-/// fast-path `INSERT ... VALUES`): [`CLAIM_OR_READ`] itself is correct there but runs
-/// as four steps, with a two-phase commit on every worker (docs/scaling.md).
-pub const CLAIM_ROUTED: &str = "INSERT INTO idempotency_record
-            (tenant_id, endpoint, idem_key, fingerprint, state, owner_token, lease_until, created_at)
-     VALUES ($1, $2, $3, $4, 'PROCESSING', $5,
-             statement_timestamp() + $6 * interval '1 millisecond', statement_timestamp())
-     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-     RETURNING created_at";
+/// [`CLAIM_OR_READ`] on a distributed database: the function `orderd_claim` (made by
+/// the migrations) claims the key, reads the erasure mark and, for a key already
+/// there, its record, on the node that holds the tenant's shard, in one call (decision
+/// 173). [`CLAIM_OR_READ`] itself is correct there but runs as four steps, with a
+/// two-phase commit on every worker; the same three as statements of one transaction
+/// cost four round trips and as many plannings by Citus. The claim goes first: from it
+/// on this is a distributed transaction that an erasure beginning meanwhile waits for
+/// (`lifecycle`), so the mark read after it is either seen (the call raises
+/// [`ERASING`] and the claim is rolled back) or set after the call ended (and the
+/// erasure then deletes what it wrote). A mark read first could have been set just
+/// after that read, by an erasure that would not wait for this claim.
+pub const CLAIM_CALL: &str = "SELECT * FROM orderd_claim($1, $2, $3, $4, $5, $6)";
+
+/// The SQLSTATE `orderd_claim` raises when the tenant is being erased.
+const ERASING: &str = "OD001";
 
 /// The record and the database clock, by primary key.
 pub const READ: &str = "SELECT state, fingerprint, owner_token, lease_until, expires_at,
@@ -607,6 +612,14 @@ struct ClaimRow {
     row: Row,
 }
 
+/// A row of [`CLAIM_CALL`]: the record's columns are NULL when `claimed`.
+#[derive(sqlx::FromRow)]
+struct CalledRow {
+    claimed: bool,
+    #[sqlx(flatten)]
+    row: Row,
+}
+
 #[derive(sqlx::FromRow)]
 struct Row {
     state: Option<String>,
@@ -685,38 +698,25 @@ pub async fn claim_or_read(
     owner: Uuid,
     lease_ms: i64,
 ) -> sqlx::Result<ClaimOrRead> {
-    if let ClaimWrite::RoutedSteps = sql.layout().pick(&CLAIM_WRITE) {
-        // On a distributed database: the claim, the erasure mark and, for a key
-        // already there, its record, each a statement routed to the tenant's worker,
-        // in one transaction. The claim goes first: from it on this is a distributed
-        // transaction that an erasure beginning meanwhile waits for (`lifecycle`), so
-        // the mark read after it is either seen here (the claim is rolled back) or set
-        // after this transaction ended (and the erasure then deletes what it wrote). A
-        // mark read first could have been set just after that read, by an erasure that
-        // would not wait for this claim.
-        return sql
-            .atomically(async |c| {
-                let claimed: Option<(DateTime<Utc>,)> = bind_claim(
-                    c.query_as(CLAIM_ROUTED),
-                    scope,
-                    fingerprint,
-                    owner,
-                    lease_ms,
-                )
-                .fetch_optional(c.conn())
-                .await?;
-                if tenant_erasing(c, scope.tenant).await? {
-                    return Ok(End::RollBack(ClaimOrRead::TenantErasing));
-                }
-                Ok(End::Commit(match claimed {
-                    Some((at,)) => ClaimOrRead::Claimed { at },
-                    None => match read(c, scope).await? {
-                        Some(record) => ClaimOrRead::Existing(record),
-                        None => ClaimOrRead::Unseen,
-                    },
-                }))
-            })
-            .await;
+    if let ClaimWrite::Call = sql.layout().pick(&CLAIM_WRITE) {
+        let called: sqlx::Result<Option<CalledRow>> = bind_claim(
+            sql.query_as(CLAIM_CALL),
+            scope,
+            fingerprint,
+            owner,
+            lease_ms,
+        )
+        .fetch_optional(sql.conn())
+        .await;
+        return Ok(match called {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(ERASING) => {
+                ClaimOrRead::TenantErasing
+            }
+            Err(e) => return Err(e),
+            Ok(None) => ClaimOrRead::Unseen,
+            Ok(Some(CalledRow { claimed: true, row })) => ClaimOrRead::Claimed { at: row.read_at },
+            Ok(Some(CalledRow { row, .. })) => ClaimOrRead::Existing(row.into_record()?),
+        });
     }
     let row: Option<ClaimRow> = bind_claim(
         sql.query_as(CLAIM_OR_READ),
@@ -737,7 +737,7 @@ pub async fn claim_or_read(
     })
 }
 
-/// The parameters of [`CLAIM_OR_READ`], [`CLAIM_ROUTED`] and [`RECLAIM`], in their order.
+/// The parameters of [`CLAIM_OR_READ`], [`CLAIM_CALL`] and [`RECLAIM`], in their order.
 fn bind_claim<'q, O>(
     query: QueryAs<'q, Postgres, O, PgArguments>,
     scope: &'q Scope,

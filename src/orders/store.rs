@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    db::{End, Forms, Placeholders, Sql},
+    db::{Forms, Placeholders, Sql},
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
@@ -45,34 +45,47 @@ pub static CREATE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// [`CREATE`]'s three parts as statements of their own, each routed by Citus to the
-/// tenant's worker (the fenced `UPDATE` and an `INSERT ... VALUES` each), in the
-/// order [`create`] runs them in one transaction on a distributed database: the order,
-/// its event, the completion. [`CREATE`] is correct there but its `INSERT ... SELECT`
-/// from a `RETURNING` runs as steps pulled through the coordinator, with a two-phase
-/// commit on every worker.
-static CREATE_ROUTED: LazyLock<[String; 3]> = LazyLock::new(|| {
-    [
-        insert_order_sql(&mut Placeholders::new(), None),
-        EventRow::insert_sql(&mut Placeholders::new(), None),
-        Completion::sql(&mut Placeholders::new()),
-    ]
+/// [`CREATE`] on a distributed database: one call of the function `orderd_create`
+/// (made by the migrations), which writes what [`CREATE`] writes, on the node that
+/// holds the tenant's shard, and wakes that node's relays (decision 173). It writes the
+/// order and its event first and the fenced completion last, and raises
+/// [`FENCE_LOST`] (undoing the rest) when the fence no longer held: so a call that
+/// stalls (on a lock, a slow disk) while its lease runs out locks nothing of the record
+/// meanwhile, and the request that took the key over is not held up by it. [`CREATE`]
+/// is correct on Citus but its `INSERT ... SELECT` from a `RETURNING` runs as steps
+/// pulled through the coordinator, with a two-phase commit on every worker; its parts
+/// as statements of one transaction cost six round trips and as many plannings by
+/// Citus. The call takes the parameters [`CREATE`] takes, in the same order (the parts
+/// bind them): [`Completion::sql`]'s, the order's and [`EventRow::insert_sql`]'s, as
+/// many as the parts number here.
+pub static CREATE_CALL: LazyLock<String> = LazyLock::new(|| {
+    let p = &mut Placeholders::new();
+    let _parts = (
+        Completion::sql(p),
+        insert_order_sql(p, None),
+        EventRow::insert_sql(p, None),
+    );
+    let params: Vec<String> = (1..=p.taken()).map(|n| format!("${n}")).collect();
+    format!("SELECT orderd_create({})", params.join(", "))
 });
+
+/// The SQLSTATE `orderd_create` raises, everything undone, when the fence no longer
+/// held.
+const FENCE_LOST: &str = "OD002";
 
 /// How a create writes its order, its event and its completion.
 #[derive(Clone, Copy, Debug)]
 enum CreateWrite {
     /// [`CREATE`]: one statement.
     OneStatement,
-    /// [`CREATE_ROUTED`]: three statements, each routed to the tenant's worker, in one
-    /// transaction.
-    RoutedSteps,
+    /// [`CREATE_CALL`]: one call, on the tenant's node.
+    Call,
 }
 
 /// The create's two forms.
 const CREATE_WRITE: Forms<CreateWrite> = Forms {
     one_server: CreateWrite::OneStatement,
-    distributed: CreateWrite::RoutedSteps,
+    distributed: CreateWrite::Call,
 };
 
 /// The insert of a new order, once for each row of the CTE `only_if` (or once), its
@@ -121,44 +134,30 @@ pub async fn create(
     let row = EventRow::new(&event);
     let completion = Completion::new(fence, response)?;
     let done = match sql.layout().pick(&CREATE_WRITE) {
+        // The event row inserted, or nothing.
         CreateWrite::OneStatement => {
             let query = completion.bind(sql.query(CREATE.as_str()));
             row.bind(bind_order(query, tenant, order))
                 .execute(sql.conn())
                 .await?
                 .rows_affected()
+                == 1
         }
-        // The order and its event first, the fenced completion last, undone when the
-        // fence no longer holds. In this order the transaction locks nothing of the
-        // record until its last statement, as the one statement does: a create that
-        // stalls (on a lock, a slow disk) while its lease runs out leaves the key free
-        // for a takeover and is refused at its fence, rather than holding the record
-        // and winning over the request that took the key over. And from its first
-        // statement on it is a distributed transaction that an erasure waits for, so
-        // the erasure mark the completion reads is one set before it or never seen.
-        CreateWrite::RoutedSteps => {
-            let [insert, append, complete] = &*CREATE_ROUTED;
-            sql.atomically(async |c| {
-                bind_order(c.query(insert.as_str()), tenant, order)
-                    .execute(c.conn())
-                    .await?;
-                row.bind(c.query(append.as_str())).execute(c.conn()).await?;
-                outbox::wake::in_transaction(c, tenant).await?;
-                let done = completion
-                    .bind(c.query(complete.as_str()))
-                    .execute(c.conn())
-                    .await?
-                    .rows_affected();
-                Ok(if done == 1 {
-                    End::Commit(done)
-                } else {
-                    End::RollBack(done)
-                })
-            })
-            .await?
+        // Everything, or nothing and an error saying the fence no longer held.
+        CreateWrite::Call => {
+            let query = completion.bind(sql.query(CREATE_CALL.as_str()));
+            match row
+                .bind(bind_order(query, tenant, order))
+                .execute(sql.conn())
+                .await
+            {
+                Ok(_) => true,
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(FENCE_LOST) => false,
+                Err(e) => return Err(e),
+            }
         }
     };
-    Ok(done == 1)
+    Ok(done)
 }
 
 /// Cancels the order; a second cancel returns it unchanged and emits nothing.

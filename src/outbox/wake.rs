@@ -9,9 +9,11 @@
 //! statement trigger's transition table cost a create more than its notification). On
 //! a distributed database (Citus) a trigger would fire on the worker that holds the
 //! tenant's shard, where no relay listens, and a table with a trigger cannot be
-//! distributed at all; so there the writer sends it itself, one more statement of its
-//! transaction ([`in_transaction`]), on the node the transaction runs on: the tenant's,
-//! with routing, where each relay listens too (decision 171), or the coordinator. Either way the
+//! distributed at all; so there the writer sends it itself, on the node the
+//! transaction runs on: the tenant's, with routing, where each relay listens too
+//! (decision 171), or the coordinator. The create's function does it as its last step
+//! (decision 173); a cancel sends it as one more statement of its transaction
+//! ([`in_transaction`]). Either way the
 //! notification reaches the relays before the client has its answer. A re-drive,
 //! which inserts nothing, names its tenants with [`notify`].
 

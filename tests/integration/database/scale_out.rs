@@ -6,7 +6,6 @@ use std::{collections::BTreeSet, time::Duration};
 
 use futures::future::join_all;
 use serde_json::Value;
-use sqlx::{Connection, Executor, PgConnection};
 use uuid::Uuid;
 
 use crate::support::{
@@ -234,13 +233,9 @@ async fn a_serve_killed_mid_request_leaves_a_lease_another_process_takes_over() 
     let body = order_body("KILLED-1", 1);
 
     // Stall the business transaction: the doomed process claims the key, then waits
-    // on the lock while inserting the order.
-    let mut locker = PgConnection::connect(&db.url).await.unwrap();
-    locker.execute("BEGIN").await.unwrap();
-    locker
-        .execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    // on the lock while inserting the order (on every node: on Citus the insert runs on
+    // the tenant's).
+    let locks = db.lock_everywhere("orders").await;
     let in_flight = tokio::spawn({
         let (base, token, key, body) = (
             doomed.base.clone(),
@@ -255,10 +250,16 @@ async fn a_serve_killed_mid_request_leaves_a_lease_another_process_takes_over() 
         1,
     )
     .await;
+    db.until_count(&db.lock_waiters(), 1).await;
     doomed.child.kill().unwrap();
     doomed.child.wait().unwrap();
     let _ = in_flight.await;
-    locker.execute("ROLLBACK").await.unwrap();
+    // Its statement was cut off by the server, which looks for its client every few
+    // seconds (`client_connection_check_interval`), not left to commit once the lock
+    // goes: a create is one statement (or one call), and a dead client's statement
+    // that runs to its end commits.
+    db.until_count(&db.lock_waiters(), 0).await;
+    locks.release().await;
 
     // The survivor answers 409 while the dead process's lease runs, then takes it over.
     let mut status = 0;

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::support::{
     Reply, TestDb, citus_workers,
     db::node_address,
-    new_key, on_citus, order_body,
+    new_key, order_body,
     pgbouncer::OwnPgBouncer,
     proxy::{Mode, database_behind_network},
     spawn_app_on,
@@ -141,13 +141,8 @@ async fn a_commit_whose_answer_is_lost_answers_503_and_the_retry_replays_it() {
         .await;
     assert_eq!(warm.status, 201);
 
-    // On one server the create's statement commits on its own; on Citus the create is
-    // a transaction of routed statements, committed by a `COMMIT` of its own.
-    network.set(if on_citus() {
-        Mode::CutAtCommitAfter("AMBIGUOUS-1")
-    } else {
-        Mode::CutAfter("AMBIGUOUS-1")
-    });
+    // The create's statement (on Citus, its call) commits on its own.
+    network.set(Mode::CutAfter("AMBIGUOUS-1"));
     let key = new_key();
     let body = order_body("AMBIGUOUS-1", 1);
     let cut = app.create(&token, &key, &body).await;

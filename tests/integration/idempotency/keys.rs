@@ -612,12 +612,13 @@ async fn wait_for_claim(app: &TestApp) {
         .await;
 }
 
-/// Waits until both requests are stuck on the locked `orders` table.
+/// Waits until both requests are stuck on the locked `orders` table: in the create's
+/// statement, or on Citus in its call.
 async fn wait_for_owner_change(app: &TestApp) {
     app.db
         .until_count(
             &format!(
-                "{} AND query LIKE '%INSERT INTO orders%'",
+                "{} AND (query LIKE '%INSERT INTO orders%' OR query LIKE '%orderd_create(%')",
                 app.db.lock_waiters()
             ),
             2,

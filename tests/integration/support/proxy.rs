@@ -27,9 +27,6 @@ pub enum Mode {
     Silent,
     /// Cut each connection just after it sends a request holding these bytes.
     CutAfter(&'static str),
-    /// Cut each connection just after the first `COMMIT` it sends once a request
-    /// holding these bytes went out (a write inside a transaction, then its commit).
-    CutAtCommitAfter(&'static str),
     /// Hold each connection's answers, from just after it sends a request holding these
     /// bytes (a bound value: a statement's text goes out in its own round trip when it
     /// is prepared), until the mode changes (the request itself reaches the server).
@@ -104,7 +101,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
     let hold = std::sync::atomic::AtomicBool::new(false);
     let requests = async {
         let mut buf = vec![0u8; 16 * 1024];
-        // Whether the marker of `CutAtCommitAfter` went out on this connection.
+        // Whether the marker of `HoldAtCommitAfter` went out on this connection.
         let mut marked = false;
         loop {
             match client_read.read(&mut buf).await {
@@ -117,10 +114,6 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
                     let (cutting, holding) = match mode_now {
                         Mode::CutAfter(marker) => (holds(marker.as_bytes()), false),
                         Mode::HoldAfter(marker) => (false, holds(marker)),
-                        Mode::CutAtCommitAfter(marker) => {
-                            marked |= holds(marker.as_bytes());
-                            (marked && holds(b"COMMIT"), false)
-                        }
                         Mode::HoldAtCommitAfter(marker) => {
                             marked |= holds(marker);
                             (false, marked && holds(b"COMMIT"))
