@@ -13,13 +13,13 @@
 //! them back). `create_distributed_table_concurrently`, which keeps a table writable
 //! while it copies, does one table per transaction, which is the window this avoids.
 //! After the commit the coordinator's own copy of the rows, no longer read, is
-//! truncated.
+//! truncated. Each part looks first whether it was done, so running the command again
+//! finishes a run that stopped.
 //!
 //! The functions the writes call on a cluster ([`FUNCTIONS`]) are made on every node
 //! first, in a transaction of their own (Citus distributes no function in a transaction
 //! that distributed a table), so that no process that starts on the distributed layout
-//! calls one a node lacks. Each part looks first whether it was done, so running the command again
-//! finishes a run that stopped.
+//! calls one a node lacks.
 //!
 //! `orderd citus undistribute` is the rollback: the tables back on the coordinator
 //! (`undistribute_table`, which copies their rows back while holding writes back), with
@@ -321,7 +321,7 @@ async fn in_one_transaction(
 const DEADLOCK_ATTEMPTS: u32 = 5;
 
 fn is_deadlock(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("40P01"))
+    crate::db::is_sqlstate(e, "40P01")
 }
 
 async fn steps_in_one_transaction(

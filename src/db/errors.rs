@@ -4,6 +4,12 @@ use sqlx::{Connection, PgConnection, postgres::PgConnectOptions};
 
 use super::ACQUIRE_TIMEOUT;
 
+/// Whether `err` is the server's error with SQLSTATE `code`: how a caller tells the one
+/// refusal it handles (a deadlock, a function's own `RAISE`) from every other error.
+pub fn is_sqlstate(err: &sqlx::Error, code: &str) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
+}
+
 /// One connection, or a one-line error naming `variable` and what to check.
 pub(super) async fn open(
     options: &PgConnectOptions,

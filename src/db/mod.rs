@@ -36,6 +36,7 @@ mod pool;
 mod routes;
 mod tenant_hash;
 
+pub use self::errors::is_sqlstate;
 pub use self::executor::{End, Placeholders, Sql, Statements};
 pub use self::layout::{Forms, Layout, layout_of};
 pub use self::listen::{Heard, ListenOn, Liveness, listen};

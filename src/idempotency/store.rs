@@ -709,9 +709,7 @@ pub async fn claim_or_read(
         .fetch_optional(sql.conn())
         .await;
         return Ok(match called {
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(ERASING) => {
-                ClaimOrRead::TenantErasing
-            }
+            Err(e) if db::is_sqlstate(&e, ERASING) => ClaimOrRead::TenantErasing,
             Err(e) => return Err(e),
             Ok(None) => ClaimOrRead::Unseen,
             Ok(Some(CalledRow { claimed: true, row })) => ClaimOrRead::Claimed { at: row.read_at },

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{CancelOutcome, Order};
 use crate::{
-    db::{Forms, Placeholders, Sql},
+    db::{self, Forms, Placeholders, Sql},
     idempotency::{Completion, Fence, StoredResponse},
     outbox::{self, EventType, event::NewEvent, writer::EventRow},
     tenant::TenantId,
@@ -152,7 +152,7 @@ pub async fn create(
                 .await
             {
                 Ok(_) => true,
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(FENCE_LOST) => false,
+                Err(e) if db::is_sqlstate(&e, FENCE_LOST) => false,
                 Err(e) => return Err(e),
             }
         }
