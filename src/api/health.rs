@@ -3,7 +3,10 @@
 //! flood of probes costs one database round trip per interval, not one per call.
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -21,16 +24,29 @@ use crate::{
 /// How old the database check behind `/readyz` may be.
 pub const READY_CHECK_AGE: Duration = Duration::from_secs(1);
 
-/// The last database check, shared by every `/readyz` of the process.
+/// The last database check, shared by every `/readyz` of the process, and whether the
+/// process is stopping.
 #[derive(Default)]
 pub struct Readiness {
     /// When the last check ran and whether the database answered. The lock is held
     /// while a stale check is redone, so concurrent probes wait for that one check
     /// instead of each running its own.
     last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// Set once shutdown began: `/readyz` answers 503 from then on, so that load
+    /// balancers take the instance out of rotation before its listener closes.
+    stopping: AtomicBool,
 }
 
 impl Readiness {
+    /// From now on `/readyz` answers 503 whatever the database says.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
     /// Whether the database answered at the last check, redoing it when stale.
     async fn database_answers(&self, db: &Db) -> bool {
         let mut last = self.last.lock().await;
@@ -58,9 +74,9 @@ pub enum ReadyResponse {
     /// The database answers.
     #[oai(status = 200)]
     Ready(PlainText<&'static str>),
-    /// The database does not answer, or tokens cannot be verified safely (a JWKS never
-    /// fetched, or not confirmed by its provider for 15 minutes); take this instance out
-    /// of rotation.
+    /// The process is shutting down, the database does not answer, or tokens cannot be
+    /// verified safely (a JWKS never fetched, or not confirmed by its provider for 15
+    /// minutes); take this instance out of rotation.
     #[oai(status = 503)]
     NotReady(PlainText<&'static str>),
 }
@@ -85,6 +101,9 @@ impl HealthApi {
         verifier: Data<&Arc<Verifier>>,
         readiness: Data<&Arc<Readiness>>,
     ) -> ReadyResponse {
+        if readiness.stopping() {
+            return ReadyResponse::NotReady(PlainText("shutting down"));
+        }
         if let Some(why) = verifier.not_ready() {
             return ReadyResponse::NotReady(PlainText(why));
         }

@@ -82,6 +82,8 @@ pub fn service() -> OpenApiService<(orders::OrdersApi, health::HealthApi), ()> {
 pub struct Shared {
     pub verifier: Arc<Verifier>,
     pub limiter: Arc<TenantLimiter>,
+    /// Behind `/readyz`; told when shutdown begins.
+    pub readiness: Arc<health::Readiness>,
 }
 
 impl Shared {
@@ -89,6 +91,7 @@ impl Shared {
         Self {
             verifier,
             limiter: Arc::new(TenantLimiter::new(limits)),
+            readiness: Arc::new(health::Readiness::default()),
         }
     }
 }
@@ -130,7 +133,7 @@ pub fn routes(
         .at("/docs/", docs_page(docs))
         .nest("/", api)
         .data(app)
-        .data(Arc::new(health::Readiness::default()))
+        .data(shared.readiness.clone())
         // `/readyz` tells whether the token verifier has keys.
         .data(shared.verifier.clone())
         .with(CatchPanic::new().with_handler(middleware::panic_response))

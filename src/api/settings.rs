@@ -19,6 +19,12 @@ settings! {
         idle_timeout: Duration = parse::millis [HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed, and not before"],
         /// A response not taken in full this long after its first byte is abandoned.
         write_timeout: Duration = parse::millis [HTTP_WRITE_TIMEOUT_MS, "ORDERD_HTTP_WRITE_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a response the client has not taken in full this long after its first byte was ready is abandoned and the connection closed"],
+        /// How long, after SIGTERM or SIGINT, `/readyz` answers 503 while the listener
+        /// still accepts: the time a load balancer needs to see it and stop sending.
+        shutdown_delay: Duration = parse::millis [SHUTDOWN_DELAY_MS, "ORDERD_SHUTDOWN_DELAY_MS", Some("0"), range(0, 300_000), "after SIGTERM or SIGINT, `/readyz` answers 503 at once and the listener keeps accepting this long before it closes, so that load balancers following `/readyz` (and Kubernetes' endpoints) stop sending first"],
+        /// How long requests accepted before the listener closed may take to be answered;
+        /// what is still open then is dropped and the process exits.
+        shutdown_drain: Duration = parse::millis [SHUTDOWN_DRAIN_MS, "ORDERD_SHUTDOWN_DRAIN_MS", Some("25000"), range(0, 3_600_000), "once the listener closed, how long requests already accepted may take to be answered before the process exits anyway; the delay plus this plus 5 s fits Kubernetes' `terminationGracePeriodSeconds` (30 s by default)"],
         /// Open connections at most.
         max_connections: usize = parse::number [HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most; further ones wait in the kernel's accept queue (also kept below the file-descriptor limit)"],
         /// Requests being handled at once at most.

@@ -33,8 +33,6 @@ use crate::{
     supervisor::{Every, First, Run, Schedule, Supervisor, shutdown_signal},
 };
 
-/// How long shutdown waits for in-flight requests before closing connections.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How long the relay's metrics listener waits for a scrape in progress.
 const OPS_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -142,8 +140,9 @@ impl Application {
         self.metrics_listener.as_ref().map(|(_, address)| *address)
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests
-    /// finish (up to a grace period) and stops the background jobs.
+    /// Serves until `shutdown` resolves; then `/readyz` answers 503 at once, the listener
+    /// closes after `ORDERD_SHUTDOWN_DELAY_MS`, the requests it accepted are answered
+    /// within `ORDERD_SHUTDOWN_DRAIN_MS`, and the background jobs stop.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         // Before any job records a metric: what is recorded before the recorder is
         // installed is lost.
@@ -256,12 +255,24 @@ impl Application {
             &public_url,
             !metrics_apart,
         );
+        let (readiness, delay) = (shared.readiness.clone(), self.config.http.shutdown_delay);
+        let closing = async move {
+            shutdown.await;
+            readiness.stop();
+            if !delay.is_zero() {
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    "/readyz answers 503; still accepting until the delay has passed"
+                );
+                tokio::time::sleep(delay).await;
+            }
+        };
         let served = api::server::serve(
             self.listener,
             routes,
             limits(&self.config),
-            shutdown,
-            SHUTDOWN_GRACE,
+            closing,
+            self.config.http.shutdown_drain,
         )
         .await;
         supervisor.shutdown().await;

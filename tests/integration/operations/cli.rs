@@ -253,6 +253,144 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
     assert_eq!(orders, 1);
 }
 
+/// Sends SIGTERM to `child`.
+fn terminate(child: &std::process::Child) {
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// A create of `key` sent to `serve` in the background; its status, or the transport
+/// error's text when no answer came.
+fn create_in_background(
+    serve: &ServeProcess,
+    tenant: Uuid,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<u16, String>> {
+    let (base, token) = (serve.base.clone(), serve.token(tenant));
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/orders"))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .json(&order_body("SIG-2", 1))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .map_err(|e| e.to_string())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_turns_readyz_503_keeps_accepting_for_the_delay_then_refuses_and_answers_what_it_took()
+ {
+    let db = TestDb::new().await;
+    let mut serve = ServeProcess::start(&db, &[("ORDERD_SHUTDOWN_DELAY_MS", "3000".into())]);
+    let address = serve.base.trim_start_matches("http://").to_string();
+    let client = reqwest::Client::new();
+    let readyz = format!("{}/readyz", serve.base);
+    assert_eq!(client.get(&readyz).send().await.unwrap().status(), 200);
+
+    // A request stalled inside its transaction, then the signal.
+    let locks = db.lock_everywhere("orders").await;
+    let tenant = Uuid::new_v4();
+    let before = create_in_background(&serve, tenant, "accepted-before-the-signal");
+    db.until_count("SELECT count(*) FROM idempotency_record", 1)
+        .await;
+    terminate(&serve.child);
+
+    // Out of rotation as soon as the signal is handled, yet new connections are still
+    // taken during the delay (each probe here is one).
+    let stopping = loop {
+        let probe = client.get(&readyz).send().await.unwrap();
+        if probe.status() != 200 {
+            break probe;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(stopping.status(), 503);
+    assert_eq!(stopping.text().await.unwrap(), "shutting down");
+    let during = create_in_background(&serve, tenant, "accepted-during-the-delay");
+    db.until_count("SELECT count(*) FROM idempotency_record", 2)
+        .await;
+
+    // Then the listener closes while the two accepted requests are still held.
+    loop {
+        if tokio::net::TcpStream::connect(&address).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "the process waits for the requests it accepted"
+    );
+    locks.release().await;
+    assert_eq!(before.await.unwrap(), Ok(201));
+    assert_eq!(during.await.unwrap(), Ok(201));
+    let status = tokio::task::spawn_blocking(move || serve.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_still_held_when_the_drain_ends_is_dropped_and_its_retry_creates_one_order() {
+    let db = TestDb::new().await;
+    let settings = [
+        ("ORDERD_SHUTDOWN_DRAIN_MS", "200".to_string()),
+        ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "60000".to_string()),
+        ("ORDERD_LEASE_SECS", "1".to_string()),
+    ];
+    let mut serve = ServeProcess::start(&db, &settings);
+    let locks = db.lock_everywhere("orders").await;
+    let tenant = Uuid::new_v4();
+    let held = create_in_background(&serve, tenant, "held-past-the-drain");
+    db.until_count("SELECT count(*) FROM idempotency_record", 1)
+        .await;
+    terminate(&serve.child);
+    let status = tokio::task::spawn_blocking(move || serve.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    // It exited while its request was still waiting for the lock this test holds.
+    assert!(status.success(), "exit after the drain: {status}");
+    assert!(
+        held.await.unwrap().is_err(),
+        "a request dropped at the end of the drain gets no answer"
+    );
+    locks.release().await;
+
+    // The client retries against a new process: one order, whichever way it went.
+    let again = ServeProcess::start(&db, &settings);
+    let status = loop {
+        let status = create_in_background(&again, tenant, "held-past-the-drain")
+            .await
+            .unwrap()
+            .unwrap();
+        if status != 409 {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(status == 201 || status == 200, "retry answered {status}");
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_repeatable_and_purge_reports_what_it_deleted() {
     let db = TestDb::new().await;
