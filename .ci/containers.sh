@@ -71,6 +71,19 @@ one_order_per_201() {
     [ "$answered" = "$orders" ] || { log "answered and stored differ"; return 1; }
 }
 
+# Waits up to $3 tenths of a second until database $1 holds no unpublished event that
+# matches the SQL condition $2; prints how many are left, and fails unless none is.
+until_published() {
+    local url="$1" where="$2" i left
+    for i in $(seq 1 "$3"); do
+        left="$(psql "$url" -XAtqc "SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED' AND $where")"
+        [ "$left" = 0 ] && break
+        sleep 0.1
+    done
+    printf '%s\n' "$left"
+    [ "$left" = 0 ]
+}
+
 stop_containers() {
     local name db
     for name in "${CONTAINER_NAMES[@]}"; do
@@ -144,12 +157,7 @@ check_image() {
     [ "$lines" = 3 ] || { log "tenant export from the image printed $lines orders, not 3"; return 1; }
     # The relay inside the container publishes to moto: this tenant's events are out
     # within a few rounds, whatever is left of k6's backlog (moto is slow).
-    local unpublished="SELECT count(*) FROM outbox_event WHERE tenant_id = '$tenant' AND status <> 'PUBLISHED'"
-    for i in $(seq 1 600); do
-        [ "$(psql "$url" -XAtqc "$unpublished")" = 0 ] && break
-        sleep 0.1
-    done
-    [ "$(psql "$url" -XAtqc "$unpublished")" = 0 ] \
+    until_published "$url" "tenant_id = '$tenant'" 600 >/dev/null \
         || { log "the container's relay did not publish the tenant's events"; return 1; }
 
     # SIGTERM while k6 sends creates: every request it accepted is answered, later
@@ -266,32 +274,34 @@ check_kube_play() {
     "$k6" run --quiet --no-color -e BASE_URL="http://127.0.0.1:$serve_port" \
         -e ORDERD_JWT_HS256_SECRET="$CONTAINER_SECRET" -e VUS=20 -e ITERATIONS=100 -e TENANTS=5 -e KEYS=4 k6/race.js
     # The played relay publishes what the played serve wrote.
-    local i pending
-    for i in $(seq 1 300); do
-        pending="$(psql "$url" -XAtqc "SELECT count(*) FROM outbox_event WHERE status <> 'PUBLISHED'")"
-        [ "$pending" = 0 ] && break
-        sleep 0.1
-    done
+    local pending
+    pending="$(until_published "$url" true 300)" || true
     curl -fs "http://127.0.0.1:$relay_port/readyz" >/dev/null || { log "the played relay is not ready"; return 1; }
     [ "$pending" = 0 ] || { log "$pending events left unpublished by the played relay"; return 1; }
     log "manifests: validated, played (serve and relay pods); k6/race.js passed against them (one order for its key) and the played relay published its event"
     stop_containers
 }
 
+# Starts container $1 of the rolling restart on port $2 against database $3 (relay off,
+# 2 s delay, 10 s drain) and waits until it is ready; sets READY_MS to ready_ms's figure.
+start_behind_balancer() {
+    start_container "$1" "$2" "$3" -e ORDERD_RELAY=off \
+        -e ORDERD_SHUTDOWN_DELAY_MS=2000 -e ORDERD_SHUTDOWN_DRAIN_MS=10000
+    READY_MS="$(ready_ms "$1" "$2")"
+}
+
 # Replaces container $1 (serving on $2, database $3) as a rolling update does: SIGTERM,
 # drain, exit 0, then a new one on the same port, until it is ready. Prints what it saw.
 replace_container() {
-    local name="$1" port="$2" url="$3" stopped_at stop_ms rc ms
+    local name="$1" port="$2" url="$3" stopped_at stop_ms rc
     stopped_at="$(date +%s%N)"
     podman stop -t 30 "$name" >/dev/null
     stop_ms=$(( ($(date +%s%N) - stopped_at) / 1000000 ))
     rc="$(podman inspect --format '{{.State.ExitCode}}' "$name")"
     [ "$rc" = 0 ] || { log "$name exited $rc after SIGTERM"; podman logs "$name" | tail -n 20 >&2; return 1; }
     podman rm "$name" >/dev/null
-    start_container "$name" "$port" "$url" -e ORDERD_RELAY=off \
-        -e ORDERD_SHUTDOWN_DELAY_MS=2000 -e ORDERD_SHUTDOWN_DRAIN_MS=10000
-    ms="$(ready_ms "$name" "$port")"
-    log "rolling restart: $name stopped in $stop_ms ms (exit 0), its successor ready in $ms ms"
+    start_behind_balancer "$name" "$port" "$url"
+    log "rolling restart: $name stopped in $stop_ms ms (exit 0), its successor ready in $READY_MS ms"
 }
 
 check_rolling_restart() {
@@ -304,13 +314,8 @@ check_rolling_restart() {
     url="$CONTAINER_URL"
     run_orderd --rm -e DATABASE_URL="$url" "$CONTAINER_IMAGE" migrate
     a="$(free_port)"; b="$(free_port)"; front="$(free_port)"
-    for name in a b; do
-        local port=$a
-        [ "$name" = b ] && port=$b
-        start_container "orderd-ci-$name" "$port" "$url" -e ORDERD_RELAY=off \
-            -e ORDERD_SHUTDOWN_DELAY_MS=2000 -e ORDERD_SHUTDOWN_DRAIN_MS=10000
-        ready_ms "orderd-ci-$name" "$port" >/dev/null
-    done
+    start_behind_balancer orderd-ci-a "$a" "$url"
+    start_behind_balancer orderd-ci-b "$b" "$url"
     dir="$(target_dir)/rolling"
     rm -rf "$dir" && mkdir -p "$dir"
     # Health checks on /readyz every 250 ms: an instance that turned 503 at SIGTERM is

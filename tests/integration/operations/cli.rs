@@ -188,8 +188,7 @@ fn out_of_range_numbers_short_secrets_and_two_verifiers_stop_serve_naming_the_va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
     let db = TestDb::new().await;
-    let mut serve = ServeProcess::start(&db, &[]);
-    let address = serve.base.trim_start_matches("http://").to_string();
+    let serve = ServeProcess::start(&db, &[]);
 
     // Stall the request inside its transaction, then ask the server to stop.
     let mut blocker = db.pool.begin().await.unwrap();
@@ -197,37 +196,10 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
         .execute(&mut *blocker)
         .await
         .unwrap();
-    let secret = orderd::config::Secret::new(SECRET);
-    let token = orderd::auth::mint_hs256(
-        &secret,
-        Uuid::new_v4(),
-        "t",
-        "orders:write",
-        Duration::from_secs(60),
-        None,
-        None,
-    )
-    .unwrap();
-    let request = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("http://{address}/v1/orders"))
-            .bearer_auth(token)
-            .header("Idempotency-Key", "graceful-shutdown-key-1")
-            .json(&order_body("SIG-1", 1))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let request = create_in_background(&serve, Uuid::new_v4(), "graceful-shutdown-key-1");
     db.until_count("SELECT count(*) FROM idempotency_record", 1)
         .await;
-    let pid = serve.child.id();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&serve.child);
     tokio::time::sleep(Duration::from_millis(300)).await;
     blocker.rollback().await.unwrap();
 
@@ -238,19 +210,20 @@ async fn sigterm_lets_an_in_flight_request_finish_before_exiting() {
             .expect("the in-flight request was answered"),
         201
     );
-    let status = tokio::task::spawn_blocking(move || serve.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exited(serve).await;
     assert!(
         status.success(),
         "serve exits cleanly after SIGTERM: {status}"
     );
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let orders = db.count("orders").await;
     assert_eq!(orders, 1);
+}
+
+/// How `serve` ended, once it has.
+async fn exited(mut serve: ServeProcess) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || serve.child.wait().unwrap())
+        .await
+        .unwrap()
 }
 
 /// Sends SIGTERM to `child`.
@@ -332,15 +305,9 @@ async fn sigterm_turns_readyz_503_keeps_accepting_for_the_delay_then_refuses_and
     locks.release().await;
     assert_eq!(before.await.unwrap(), Ok(201));
     assert_eq!(during.await.unwrap(), Ok(201));
-    let status = tokio::task::spawn_blocking(move || serve.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exited(serve).await;
     assert!(status.success(), "exit after SIGTERM: {status}");
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let orders = db.count("orders").await;
     assert_eq!(orders, 2);
 }
 
@@ -352,17 +319,14 @@ async fn a_request_still_held_when_the_drain_ends_is_dropped_and_its_retry_creat
         ("ORDERD_DB_STATEMENT_TIMEOUT_MS", "60000".to_string()),
         ("ORDERD_LEASE_SECS", "1".to_string()),
     ];
-    let mut serve = ServeProcess::start(&db, &settings);
+    let serve = ServeProcess::start(&db, &settings);
     let locks = db.lock_everywhere("orders").await;
     let tenant = Uuid::new_v4();
     let held = create_in_background(&serve, tenant, "held-past-the-drain");
     db.until_count("SELECT count(*) FROM idempotency_record", 1)
         .await;
     terminate(&serve.child);
-    let status = tokio::task::spawn_blocking(move || serve.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exited(serve).await;
     // It exited while its request was still waiting for the lock this test holds.
     assert!(status.success(), "exit after the drain: {status}");
     assert!(
@@ -384,10 +348,7 @@ async fn a_request_still_held_when_the_drain_ends_is_dropped_and_its_retry_creat
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(status == 201 || status == 200, "retry answered {status}");
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let orders = db.count("orders").await;
     assert_eq!(orders, 1);
 }
 
