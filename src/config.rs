@@ -6,12 +6,17 @@
 //! meaning), from which come a [`Setting`] constant (for start-up errors and the
 //! docs/configuration.md's table), the field of a typed struct, and the function that reads and checks
 //! it. `app::Config` puts the owners' structs together. A missing, malformed or
-//! out-of-range value stops the process at start with one line naming the variable;
+//! out-of-range value stops the process at start with one line naming the variable, and
+//! so does a secret that the repository's own examples publish ([`published`]);
 //! secrets are wrapped in [`Secret`] so no `Debug` output or log line can print them.
 //!
 //! This module is a leaf: it imports nothing from the rest of the crate.
 
 use std::{fmt, net::SocketAddr, str::FromStr, time::Duration};
+
+#[cfg(test)]
+pub(crate) mod examples;
+pub mod published;
 
 /// What values a setting takes.
 #[derive(Debug, Clone, Copy)]
@@ -60,8 +65,9 @@ pub const fn range(min: u64, max: u64) -> Kind {
 ///
 /// makes `pub const BURST: Setting`, the struct with a `pub burst: u32`, its
 /// `SETTINGS` (in row order) and `read(&Env) -> Result<Self, ConfigError>`, which
-/// parses each field with its parser (a function `(&Env, &Setting) -> Result<T,
-/// ConfigError>`, such as those of [`parse`]) and then runs the check.
+/// refuses a secret setting that holds a value the repository's examples publish
+/// ([`published`]), parses each field with its parser (a function `(&Env, &Setting) ->
+/// Result<T, ConfigError>`, such as those of [`parse`]) and then runs the check.
 macro_rules! settings {
     (
         $(#[$meta:meta])*
@@ -97,6 +103,9 @@ macro_rules! settings {
             pub fn read(
                 env: &$crate::config::Env<'_>,
             ) -> ::std::result::Result<Self, $crate::config::ConfigError> {
+                // Before any parser: an example's placeholder is named as published,
+                // not as malformed, and no owner can forget the check.
+                $( $crate::config::published::refuse(env, &$id)?; )*
                 let value = Self { $( $field: $parse(env, &$id)?, )* };
                 $( $check(&value)?; )?
                 Ok(value)
@@ -250,6 +259,16 @@ pub mod parse {
     use super::*;
 
     type Parsed<T> = Result<T, ConfigError>;
+
+    /// Standard base64 with or without its padding, as people paste keys: what
+    /// `ORDERD_RESPONSE_KEYS` takes, and what the examples' check looks for.
+    pub fn base64_any_padding() -> base64::engine::GeneralPurpose {
+        use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+        GeneralPurpose::new(
+            &base64::alphabet::STANDARD,
+            GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+        )
+    }
 
     /// Text, or `None` when unset and without default.
     pub fn text(env: &Env<'_>, s: &Setting) -> Parsed<Option<String>> {

@@ -25,6 +25,8 @@ pub mod config;
 pub mod db;
 /// Tenants being erased: the mark in the database and what every process knows of it.
 pub mod erasure;
+#[doc(hidden)]
+pub mod fuzzing;
 /// The idempotency core: claim, lease, takeover, fenced completion, replay; stored
 /// responses sealed at rest.
 pub mod idempotency;

@@ -34,6 +34,7 @@ pub const RECONCILE_LAST_RUN: &str = "reconcile_last_run_timestamp_seconds";
 pub const JOB_RUNS: &str = "background_job_runs_total";
 pub const REPLAY_CACHE_DROPS: &str = "idempotency_replay_cache_drops_total";
 pub const DB_ROUTES: &str = "db_tenant_routes_total";
+pub const JWKS_KEY_SET_AGE: &str = "jwks_key_set_age_seconds";
 /// Where a tenant's transaction went on a distributed database: to the node that
 /// holds its shard, or through the coordinator (routing off, the node down, its
 /// route not known), which forwards it.
@@ -247,6 +248,11 @@ fn describe() {
         "Tenant requests on a distributed database (one per request, its claim and its write together), by where their transactions were sent: `node` (the node that holds the tenant's shard) or `coordinator` (forwarded from there: routing off, the node down or its route not yet known); none on one server"
     );
     describe_gauge!(
+        JWKS_KEY_SET_AGE,
+        Unit::Seconds,
+        "Time since the identity provider last confirmed the JSON Web Key Set that verifies tokens (since start while it never has); the cached keys keep verifying meanwhile, including keys the provider withdrew; 0 where tokens are not verified against a key set"
+    );
+    describe_gauge!(
         RECONCILE_LAST_RUN,
         Unit::Seconds,
         "Unix time the last reconciliation pass of this process finished; 0 before the first"
@@ -286,6 +292,7 @@ fn zero(known: &KnownLabels) {
     gauge!(RECONCILE_ORDERS).set(0.0);
     gauge!(RECONCILE_KEYS).set(0.0);
     gauge!(RECONCILE_LAST_RUN).set(0.0);
+    gauge!(JWKS_KEY_SET_AGE).set(0.0);
     // Registering the histograms makes them (empty) part of every scrape.
     let _ = histogram!(OUTBOX_LAG);
 }
@@ -361,6 +368,12 @@ pub fn outbox_backlog(
     gauge!(OUTBOX_OLDEST_AGE).set(oldest_pending_age_secs);
     gauge!(OUTBOX_DEAD).set(dead as f64);
     gauge!(OUTBOX_UNREADABLE_SHARDS).set(unreadable_shards as f64);
+}
+
+/// How long ago the identity provider last confirmed the key set tokens are verified
+/// with.
+pub fn jwks_key_set_age(seconds: f64) {
+    gauge!(JWKS_KEY_SET_AGE).set(seconds);
 }
 
 /// The outcome of a reconciliation pass that finished at `now` (Unix seconds).

@@ -17,12 +17,13 @@ use std::{cell::RefCell, fmt::Write, sync::OnceLock};
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::field::{Field, Visit};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{
     EnvFilter, Layer,
-    field::MakeExt,
+    field::{MakeExt, MakeVisitor, VisitFmt, VisitOutput},
     filter::{LevelFilter, Targets},
-    fmt::{self, format::debug_fn},
+    fmt::{self, format::Writer},
     layer::SubscriberExt,
     util::SubscriberInitExt,
 };
@@ -52,15 +53,13 @@ pub fn init(json: bool) {
     // Colour only for a person at a terminal; files and pipes get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let lines = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
-    // JSON escapes every string itself; text lines go through `escaped_field`, so that
-    // no value a client chose (a tool name, a subject, an error naming its input) can
-    // end a line and start a forged one.
+    // JSON escapes every string itself; text lines go through `TextFields`, so that no
+    // value a client chose (a tool name, a subject, an error naming its input) can end
+    // a line and start a forged one, or add a field to it.
     let lines = if json {
         lines.json().boxed()
     } else {
-        lines
-            .fmt_fields(debug_fn(escaped_field).delimited(" "))
-            .boxed()
+        lines.fmt_fields(TextFields.delimited(" ")).boxed()
     };
     // Static per-target filters (not closures), so that `tracing` decides once per call
     // site: without an exporter, a span of [`SPANS`] is disabled where it is written.
@@ -172,17 +171,84 @@ pub fn trace_ids(
     }
 }
 
-/// One field of a text log line, `name=value` (the message alone), with every control
-/// character of the value escaped.
-fn escaped_field(
-    writer: &mut fmt::format::Writer<'_>,
-    field: &tracing::field::Field,
-    value: &dyn std::fmt::Debug,
-) -> std::fmt::Result {
-    if field.name() != "message" {
-        write!(writer, "{}=", field.name())?;
+/// How the fields of a text log line are written: `name=value`, each value one token
+/// that a reader splitting the line on spaces and `=` reads back whole.
+///
+/// - A string (`field = value`) is quoted, with `"`, `\` and control characters
+///   escaped, as `Debug` writes it.
+/// - Anything else (a number, `field = %display`) is written as it is when it is a
+///   single word: no space, no `=`, no quote, no backslash, no control character (a
+///   number, a UUID, an address). Otherwise it is quoted as a string is. A tool name is
+///   recorded with `%`, and a client can name a tool `x tenant=<uuid> status=200`:
+///   written bare, that adds a tenant and a status to the line.
+/// - The message is written alone, its control characters escaped.
+///
+/// A value recorded with `?` is quoted as `Debug` writes it, and quoted again when that
+/// holds a space: record strings as strings.
+struct TextFields;
+
+impl<'w> MakeVisitor<Writer<'w>> for TextFields {
+    type Visitor = TextFieldVisitor<'w>;
+
+    fn make_visitor(&self, writer: Writer<'w>) -> Self::Visitor {
+        TextFieldVisitor {
+            writer,
+            result: Ok(()),
+        }
     }
-    write!(writer, "{}", escape_controls(&format!("{value:?}")))
+}
+
+/// Writes the fields of one line (see [`TextFields`]).
+struct TextFieldVisitor<'w> {
+    writer: Writer<'w>,
+    result: std::fmt::Result,
+}
+
+impl TextFieldVisitor<'_> {
+    fn write(&mut self, field: &Field, value: &str) {
+        if self.result.is_ok() {
+            self.result = write!(self.writer, "{}={value}", field.name());
+        }
+    }
+}
+
+impl Visit for TextFieldVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.write(field, &format!("{value:?}"));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            if self.result.is_ok() {
+                self.result = self.writer.write_str(&escape_controls(&text));
+            }
+        } else if is_one_word(&text) {
+            self.write(field, &text);
+        } else {
+            self.write(field, &format!("{text:?}"));
+        }
+    }
+}
+
+impl VisitOutput<std::fmt::Result> for TextFieldVisitor<'_> {
+    fn finish(self) -> std::fmt::Result {
+        self.result
+    }
+}
+
+impl VisitFmt for TextFieldVisitor<'_> {
+    fn writer(&mut self) -> &mut dyn std::fmt::Write {
+        &mut self.writer
+    }
+}
+
+/// Whether `text` reads back as one value when written bare on a text line.
+fn is_one_word(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| !c.is_whitespace() && !c.is_control() && !matches!(c, '"' | '=' | '\\'))
 }
 
 /// `text` with its control characters (C0, DEL and C1) written as escapes, so that it
@@ -257,5 +323,61 @@ mod tests {
             "list_orders\\nFORGED-LINE level=ERROR\\r\\u{1b}[31m\\u{85}"
         );
         assert_eq!(escape_controls("café 😀 ok"), "café 😀 ok");
+    }
+
+    /// Where a test's subscriber writes its lines.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `event` writes as a text line.
+    fn text_line(event: impl FnOnce()) -> String {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .fmt_fields(TextFields.delimited(" "))
+            .finish();
+        tracing::subscriber::with_default(subscriber, event);
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_value_holding_spaces_equals_signs_or_quotes_is_one_quoted_field() {
+        let tool = "x tenant=5b9f2c1e-0000-4000-8000-000000000000 status=200 \"a\" \\";
+        let tenant = uuid::Uuid::nil();
+        let line = text_line(|| {
+            tracing::info!(
+                tool = %tool,
+                sub = "app status=200",
+                tenant = %tenant,
+                status = 404u16,
+                address = %"127.0.0.1:8080",
+                "tool call"
+            )
+        });
+        assert!(
+            line.contains(
+                r#" tool call tool="x tenant=5b9f2c1e-0000-4000-8000-000000000000 status=200 \"a\" \\" sub="app status=200" tenant=00000000-0000-0000-0000-000000000000 status=404 address=127.0.0.1:8080"#
+            ),
+            "{line}"
+        );
+        let forged = text_line(|| tracing::info!(tool = %"list_orders\nFORGED-LINE", "tool call"));
+        assert!(
+            forged.contains(r#"tool="list_orders\nFORGED-LINE""#),
+            "{forged}"
+        );
+        assert_eq!(forged.lines().count(), 1, "{forged}");
     }
 }

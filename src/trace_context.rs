@@ -114,11 +114,7 @@ fn tracestate(headers: &HeaderMap) -> Option<String> {
                 continue;
             }
             let (key, value) = member.split_once('=')?;
-            let key_ok = !key.is_empty()
-                && key.len() <= 256
-                && key
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b));
+            let key_ok = tracestate_key(key);
             let value_ok = !value.is_empty()
                 && value.len() <= 256
                 && value
@@ -136,11 +132,60 @@ fn tracestate(headers: &HeaderMap) -> Option<String> {
         .then_some(joined)
 }
 
+/// A `tracestate` key as W3C Trace Context defines it: a simple key (a lowercase
+/// letter, then up to 255 of `a-z0-9_-*/`), or a multi-tenant one, `tenant@system`
+/// (the tenant a lowercase letter or a digit, then up to 240 of those; the system a
+/// lowercase letter, then up to 12: the recommendation allows 13, OpenTelemetry's SDK
+/// one fewer). A key either refuses is not passed on: a downstream SDK would drop the
+/// whole context over it.
+fn tracestate_key(key: &str) -> bool {
+    fn part(part: &str, first: fn(u8) -> bool, max: usize) -> bool {
+        let rest = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/".contains(&b);
+        matches!(part.as_bytes(), [head, tail @ ..] if first(*head) && tail.len() < max && tail.iter().all(|b| rest(*b)))
+    }
+    let letter = |b: u8| b.is_ascii_lowercase();
+    let letter_or_digit = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    match key.split_once('@') {
+        None => part(key, letter, 256),
+        Some((tenant, system)) => part(tenant, letter_or_digit, 241) && part(system, letter, 13),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn tracestate_keys_follow_the_recommendation() {
+        for good in [
+            "k",
+            "vendor",
+            "a1_-*/",
+            "t@vendor",
+            "1t@v",
+            "t@abcdefghijklm",
+        ] {
+            assert!(tracestate_key(good), "{good}");
+        }
+        // Fuzzing found these kept though the recommendation (or, for a system of 14,
+        // OpenTelemetry) refuses them.
+        for bad in [
+            "",
+            "_k",
+            "K",
+            "t@1vendor",
+            "t@abcdefghijklmn",
+            "k@",
+            "@v",
+            "a@b@c",
+        ] {
+            assert!(!tracestate_key(bad), "{bad}");
+        }
+        assert!(tracestate_key(&"k".repeat(256)));
+        assert!(!tracestate_key(&"k".repeat(257)));
+    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

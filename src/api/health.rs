@@ -1,6 +1,12 @@
 //! Liveness and readiness probes. Both stay cheap under any load: liveness touches
 //! nothing, and readiness answers from a check at most [`READY_CHECK_AGE`] old, so a
 //! flood of probes costs one database round trip per interval, not one per call.
+//!
+//! An identity provider that stops answering does not make the API unready once a key
+//! set is held (unless `ORDERD_JWT_STALE_READINESS_SECS` asks for it): readiness is
+//! every instance's at once, so it would turn the provider's outage into orderd's.
+//! The set's age is told by a metric instead ([`report_key_set_age`]), which an alert
+//! watches.
 
 use std::{
     sync::{
@@ -12,17 +18,23 @@ use std::{
 
 use poem::web::Data;
 use poem_openapi::{ApiResponse, OpenApi, payload::PlainText};
+use tokio_util::sync::CancellationToken;
 
 use super::ApiTags;
 use crate::{
-    auth::Verifier,
+    auth::{Verifier, jwks::Jwks},
     db::{self, Db},
+    metrics,
     outbox::publisher::Publisher,
     service::Service,
+    supervisor::{Every, First, Run, Schedule},
 };
 
 /// How old the database check behind `/readyz` may be.
 pub const READY_CHECK_AGE: Duration = Duration::from_secs(1);
+
+/// How often `jwks_key_set_age_seconds` is set from the key set.
+pub const KEY_SET_AGE_EVERY: Duration = Duration::from_secs(5);
 
 /// The last database check, shared by every `/readyz` of the process, and whether the
 /// process is stopping.
@@ -75,8 +87,9 @@ pub enum ReadyResponse {
     #[oai(status = 200)]
     Ready(PlainText<&'static str>),
     /// The process is shutting down, the database does not answer, or tokens cannot be
-    /// verified safely (a JWKS never fetched, or not confirmed by its provider for 15
-    /// minutes); take this instance out of rotation.
+    /// verified (a JWKS never fetched, or, where `ORDERD_JWT_STALE_READINESS_SECS` is
+    /// set, one its provider has not confirmed for that long); take this instance out of
+    /// rotation.
     #[oai(status = 503)]
     NotReady(PlainText<&'static str>),
 }
@@ -139,4 +152,20 @@ pub fn relay_readyz(db: Db, sink: Arc<dyn Publisher>) -> impl poem::Endpoint {
                 .body(text)
         }
     }))
+}
+
+/// Sets `jwks_key_set_age_seconds` from `jwks` every [`KEY_SET_AGE_EVERY`] until
+/// `shutdown`, so that the gauge grows while the provider is away, between the
+/// refreshes that would confirm the set.
+pub async fn report_key_set_age(jwks: Arc<Jwks>, shutdown: CancellationToken) {
+    let every = Every {
+        interval: KEY_SET_AGE_EVERY,
+        first: First::Now,
+        after_failure: None,
+    };
+    let mut schedule = Schedule::new("jwks age", every, shutdown);
+    while schedule.next().await {
+        metrics::jwks_key_set_age(jwks.age().as_secs_f64());
+        schedule.ran(Run::Done);
+    }
 }

@@ -9,8 +9,12 @@
 //! what none of them offers (decision 110 in docs/adr):
 //!
 //! - at most `max_connections` connections are open (also kept below the process's
-//!   file-descriptor limit); further clients wait in the kernel's accept queue; an
-//!   `accept` that fails (descriptors exhausted) is retried after a pause, not in a loop;
+//!   file-descriptor limit). When all are open, the next client is accepted and the
+//!   connection idle longest between requests is closed to make room ([`Open`]), so
+//!   that connections nobody uses (anonymous ones included) never keep a tenant out;
+//!   when none is idle, the client waits for one to be, or for one to close (the
+//!   others stay bounded by their read and write deadlines). An `accept` that fails
+//!   (descriptors exhausted) is retried after a pause, not in a loop;
 //! - every connection has one deadline at a time, tracked by [`Conn`]: a new connection
 //!   must deliver a whole request (head and body) within the read timeout, a request must
 //!   arrive whole within the read timeout of its first byte, and a keep-alive connection
@@ -23,12 +27,16 @@
 //!   body; [`Watched`] replaces that answer with a problem+json body.
 
 use std::{
+    collections::HashMap,
     convert::Infallible,
     future::Future,
     io,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -48,7 +56,7 @@ use poem::{
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::{Notify, Semaphore},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
 
@@ -93,14 +101,11 @@ where
     let local = listener.local_addr()?;
     let max_connections = limits.max_connections.min(descriptor_budget());
     let slots = Arc::new(Semaphore::new(max_connections));
+    let open = Arc::new(Open::default());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     let mut accept_errors_logged_at: Option<Instant> = None;
     loop {
-        let slot = tokio::select! {
-            _ = &mut shutdown => break,
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-        };
         let (socket, remote) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -118,11 +123,25 @@ where
                 }
             },
         };
+        let slot = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = open.slot_for_new(&slots) => slot,
+        };
         let _ = socket.set_nodelay(true);
-        let connection =
-            serve_connection(socket, local, remote, endpoint.clone(), &limits, &graceful);
+        let conn = Arc::new(Conn::new(limits.read_timeout, open.clone()));
+        let registered = open.register(conn.clone());
+        let connection = serve_connection(
+            socket,
+            local,
+            remote,
+            conn,
+            endpoint.clone(),
+            &limits,
+            &graceful,
+        );
         tokio::spawn(async move {
             connection.await;
+            drop(registered);
             drop(slot);
         });
     }
@@ -153,11 +172,11 @@ fn serve_connection(
     socket: TcpStream,
     local: SocketAddr,
     remote: SocketAddr,
+    conn: Arc<Conn>,
     endpoint: Arc<BoxEndpoint<'static>>,
     limits: &Limits,
     graceful: &GracefulShutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let conn = Arc::new(Conn::new(limits.read_timeout));
     let service = {
         let conn = conn.clone();
         hyper::service::service_fn(move |req: http::Request<Incoming>| {
@@ -211,6 +230,16 @@ fn serve_connection(
         loop {
             let deadline = conn.deadline(&limits);
             tokio::select! {
+                // A phase change first: an eviction must be seen before the driver
+                // reads a request that arrived meanwhile.
+                biased;
+                _ = conn.changed.notified() => {
+                    // Closed to make room for a new connection: dropping the driver
+                    // closes the socket.
+                    if conn.evicted() {
+                        return;
+                    }
+                }
                 _ = &mut driver => return,
                 _ = tokio::time::sleep_until(deadline) => {
                     if conn.deadline(&limits) > Instant::now() {
@@ -232,7 +261,94 @@ fn serve_connection(
                     }
                     return;
                 }
-                _ = conn.changed.notified() => {}
+            }
+        }
+    }
+}
+
+/// The open connections of one listener, so that when all slots are taken the one idle
+/// longest can be closed to admit a new client.
+///
+/// Idle connections are found by a scan, which happens only when every slot is taken
+/// (a few microseconds per thousand connections); keeping them ordered by idleness
+/// instead would cost every request on every connection a shared lock.
+#[derive(Default)]
+struct Open {
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    next_id: AtomicU64,
+    /// Signalled whenever a connection turns idle, for a client waiting for a slot.
+    turned_idle: Notify,
+}
+
+/// A connection's entry in [`Open`], removed when dropped.
+struct Registered {
+    open: Arc<Open>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
+    }
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(self: &Arc<Self>, conn: Arc<Conn>) -> Registered {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, conn);
+        Registered {
+            open: self.clone(),
+            id,
+        }
+    }
+
+    /// A slot for a client just accepted: a free one, else the one the connection
+    /// idle longest gives back when it is closed for it, else the first to come free
+    /// (or to turn idle).
+    async fn slot_for_new(&self, slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+        loop {
+            if let Ok(slot) = slots.clone().try_acquire_owned() {
+                return slot;
+            }
+            // Armed before looking, so that a connection turning idle meanwhile is
+            // not missed.
+            let turned_idle = self.turned_idle.notified();
+            if self.evict_longest_idle() {
+                // Its task ends at once and hands its slot back.
+                return slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+            }
+            tokio::select! {
+                slot = slots.clone().acquire_owned() => {
+                    return slot.expect("the semaphore is never closed");
+                }
+                _ = turned_idle => {}
+            }
+        }
+    }
+
+    /// Closes the connection idle longest between requests, if any is idle.
+    fn evict_longest_idle(&self) -> bool {
+        loop {
+            let longest = self
+                .lock()
+                .values()
+                .filter_map(|conn| conn.idle_since().map(|since| (since, conn.clone())))
+                .min_by_key(|(since, _)| *since);
+            let Some((_, conn)) = longest else {
+                return false;
+            };
+            // It may have started a request since the scan: then look again.
+            if conn.evict() {
+                tracing::debug!("all connection slots taken: closed the connection idle longest");
+                return true;
             }
         }
     }
@@ -267,6 +383,8 @@ pub struct Conn {
     state: Mutex<State>,
     /// Signalled on every phase change, so the connection task re-arms its timer.
     changed: Notify,
+    /// The listener's connections, told when this one turns idle.
+    open: Arc<Open>,
 }
 
 struct State {
@@ -278,10 +396,12 @@ struct State {
     read_waker: Option<Waker>,
     /// When the current response's first byte was handed to the socket.
     response_started: Option<Instant>,
+    /// Closed while idle to make room for a new connection.
+    evicted: bool,
 }
 
 impl Conn {
-    fn new(read_timeout: Duration) -> Self {
+    fn new(read_timeout: Duration, open: Arc<Open>) -> Self {
         let now = Instant::now();
         Self {
             state: Mutex::new(State {
@@ -291,8 +411,10 @@ impl Conn {
                 timed_out: false,
                 read_waker: None,
                 response_started: None,
+                evicted: false,
             }),
             changed: Notify::new(),
+            open,
         }
     }
 
@@ -326,6 +448,33 @@ impl Conn {
         self.set(Phase::Idle {
             since: Instant::now(),
         });
+        self.open.turned_idle.notify_waiters();
+    }
+
+    /// Since when the connection has been idle between requests, if it is.
+    fn idle_since(&self) -> Option<Instant> {
+        match self.lock().phase {
+            Phase::Idle { since } => Some(since),
+            _ => None,
+        }
+    }
+
+    /// Closes the connection if it is still idle (and not closed already); whether it
+    /// did. A request that begins afterwards finds the connection gone, as after an
+    /// idle timeout.
+    fn evict(&self) -> bool {
+        let mut state = self.lock();
+        if !matches!(state.phase, Phase::Idle { .. }) || state.evicted {
+            return false;
+        }
+        state.evicted = true;
+        drop(state);
+        self.changed.notify_one();
+        true
+    }
+
+    fn evicted(&self) -> bool {
+        self.lock().evicted
     }
 
     /// The whole body of the current request is in: the read deadline no longer applies.
@@ -355,10 +504,13 @@ impl Conn {
         }
     }
 
-    /// Bytes arrived: on an idle connection, a new request starts.
+    /// Bytes arrived: on an idle connection, a new request starts (unless it was
+    /// closed to make room, when the bytes are dropped with it).
     fn on_read(&self) {
         let mut state = self.lock();
-        if let Phase::Idle { .. } = state.phase {
+        if let Phase::Idle { .. } = state.phase
+            && !state.evicted
+        {
             state.phase = Phase::Head;
             state.request_started = Instant::now();
             drop(state);

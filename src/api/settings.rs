@@ -12,11 +12,12 @@ settings! {
         bind: String = parse::bind [BIND, "ORDERD_BIND", Some("127.0.0.1:8080"), Kind::Bind, "HTTP listen address; `:0` picks a free loopback port (the bound address is logged)"],
         /// Where `/metrics` is served instead of the API address; `None`: on the API
         /// address (`serve`), or nowhere (`relay`).
-        metrics_bind: Option<String> = parse::optional_bind [METRICS_BIND, "ORDERD_METRICS_BIND", None, Kind::Bind, "when set, `/metrics` is served there and not on the API address; `orderd relay` serves `/metrics` and `/healthz` only there"],
+        metrics_bind: Option<String> = parse::optional_bind [METRICS_BIND, "ORDERD_METRICS_BIND", None, Kind::Bind, "when set, `/metrics` is served there and not on the API address (the container image sets `0.0.0.0:9090`); `orderd relay` serves `/metrics` and `/healthz` only there"],
         /// A whole request (head and body) must arrive within this.
         read_timeout: Duration = parse::millis [HTTP_READ_TIMEOUT_MS, "ORDERD_HTTP_READ_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a connection that has not delivered a whole request (head and body) this long after it opened, or after the request began, is closed (408)"],
-        /// A keep-alive connection idle this long is closed.
-        idle_timeout: Duration = parse::millis [HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed, and not before"],
+        /// A keep-alive connection idle this long is closed (sooner only to make room
+        /// for a new connection when every slot is taken).
+        idle_timeout: Duration = parse::millis [HTTP_IDLE_TIMEOUT_MS, "ORDERD_HTTP_IDLE_TIMEOUT_MS", Some("60000"), range(100, 3_600_000), "a keep-alive connection idle between requests this long is closed, and not before, except when all of `ORDERD_HTTP_MAX_CONNECTIONS` are open: then the connection idle longest is closed to admit a new one"],
         /// A response not taken in full this long after its first byte is abandoned.
         write_timeout: Duration = parse::millis [HTTP_WRITE_TIMEOUT_MS, "ORDERD_HTTP_WRITE_TIMEOUT_MS", Some("10000"), range(100, 600_000), "a response the client has not taken in full this long after its first byte was ready is abandoned and the connection closed"],
         /// How long, after SIGTERM or SIGINT, `/readyz` answers 503 while the listener
@@ -25,8 +26,9 @@ settings! {
         /// How long requests accepted before the listener closed may take to be answered;
         /// what is still open then is dropped and the process exits.
         shutdown_drain: Duration = parse::millis [SHUTDOWN_DRAIN_MS, "ORDERD_SHUTDOWN_DRAIN_MS", Some("25000"), range(0, 3_600_000), "once the listener closed, how long requests already accepted may take to be answered before the process exits anyway; the delay plus this plus 5 s fits Kubernetes' `terminationGracePeriodSeconds` (30 s by default)"],
-        /// Open connections at most.
-        max_connections: usize = parse::number [HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most; further ones wait in the kernel's accept queue (also kept below the file-descriptor limit)"],
+        /// Open connections at most; a new one past it takes the slot of the one idle
+        /// longest, so that idle connections (anonymous ones too) never keep a tenant out.
+        max_connections: usize = parse::number [HTTP_MAX_CONNECTIONS, "ORDERD_HTTP_MAX_CONNECTIONS", Some("10000"), range(1, 1_000_000), "open client connections at most (also kept below the file-descriptor limit); at the limit a new client is admitted by closing the connection idle longest between requests, or waits for one to be idle or closed when none is"],
         /// Requests being handled at once at most.
         max_in_flight: usize = parse::number [HTTP_MAX_IN_FLIGHT, "ORDERD_HTTP_MAX_IN_FLIGHT", Some("1024"), range(1, 1_000_000), "operations doing work at once, counted only once a request's token verified, its tenant's limits admitted it and its body arrived; beyond it, 503 with `Retry-After`"],
         /// Where clients reach the service, without a trailing `/`; `None`: the bound

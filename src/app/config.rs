@@ -6,7 +6,7 @@ use crate::{
     auth::JwtConfig,
     config::{ConfigError, Env, Kind, Setting, markdown_table, parse, range, settings},
     db::DbConfig,
-    idempotency::IdempotencyConfig,
+    idempotency::{IdempotencyConfig, settings::RESPONSE_KEYS},
     outbox::{
         OutboxConfig,
         sink::{
@@ -20,8 +20,10 @@ use crate::{
 };
 
 settings! {
-    /// What the process runs.
+    /// What the process runs, and what it will not run without.
     pub struct ProcessConfig {
+        /// Whether the process stops at start while no key seals stored responses.
+        response_keys_required: bool = parse::switch [RESPONSE_KEYS_REQUIRED, "ORDERD_RESPONSE_KEYS_REQUIRED", Some("off"), Kind::Switch, "`on`: every command that reads the whole configuration (all but `token` and `openapi`) stops at start while `ORDERD_RESPONSE_KEYS` is unset, instead of storing responses, which hold personal data, in clear; the Kubernetes manifests turn it on"],
         /// Worker threads of the runtime; `None`: one per core.
         worker_threads: Option<usize> = threads [WORKER_THREADS, "ORDERD_WORKER_THREADS", Some("0"), range(0, 1024), "threads that run requests, the relay and the jobs; `0`: one per CPU core. On a small machine shared with PostgreSQL, `1` spends less CPU per request (fewer wake-ups between threads)"],
         /// Whether `serve` runs a relay in process.
@@ -90,7 +92,7 @@ impl Config {
     /// touching the process environment.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env::new(lookup);
-        Ok(Config {
+        let config = Config {
             db: DbConfig::read(&env)?,
             http: HttpConfig::read(&env)?,
             tenant_limits: TenantLimits::read(&env)?,
@@ -103,7 +105,24 @@ impl Config {
             retention: RetentionConfig::read(&env)?,
             reconcile: ReconcileConfig::read(&env)?,
             log: LogConfig::read(&env)?,
-        })
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Rules across owners' settings.
+    fn check(&self) -> Result<(), ConfigError> {
+        // A Secret recreated from a store that lacks the keys, or a key line deleted
+        // instead of filled in, would otherwise go unnoticed: records would be stored in
+        // clear from then on, and only a look at the table would tell.
+        if self.process.response_keys_required && self.idempotency.response_keys.is_empty() {
+            return Err(ConfigError::new(format!(
+                "{} is required: {} is on, and without a key stored responses, which hold \
+                 personal data, would be kept in clear (docs/operations.md, \"Making secrets\")",
+                RESPONSE_KEYS.name, RESPONSE_KEYS_REQUIRED.name
+            )));
+        }
+        Ok(())
     }
 
     /// Where a relay publishes: exactly one sink, SNS or Kafka, wherever a relay runs.
@@ -142,7 +161,7 @@ pub fn worker_threads_from_lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Kind;
+    use crate::config::{Kind, examples, published};
     use std::{collections::HashMap, time::Duration};
 
     fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
@@ -477,6 +496,120 @@ mod tests {
             assert!(err.contains(says), "{bad}: {err}");
             assert!(!err.contains(K1) && !err.contains(short), "{err}");
         }
+    }
+
+    #[test]
+    fn the_secrets_the_manifests_publish_do_not_start() {
+        let before = [
+            (
+                "ORDERD_JWT_HS256_SECRET",
+                "change-me-to-a-secret-of-at-least-32-bytes",
+            ),
+            (
+                "DATABASE_URL",
+                "postgres://orderd:change-me@postgres.example.internal:5432/orderd",
+            ),
+            (
+                "ORDERD_JWT_HS256_SECRET",
+                "a-secret-of-our-own-0123456789abcdef,change-me-to-a-secret-of-at-least-32-bytes",
+            ),
+        ];
+        // The example Secret's values before decision 179.
+        for (name, value) in before {
+            let err = config(&[("DATABASE_URL", "x"), (name, value)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(name), "{err}");
+            assert!(err.contains("published"), "{err}");
+            assert!(!err.contains("change-me"), "{err}");
+        }
+        // `orderd token` reads the JWT settings alone: it mints nothing with it either.
+        let jwt = crate::auth::JwtConfig::read(&Env::new(&|name| {
+            (name == "ORDERD_JWT_HS256_SECRET")
+                .then(|| "change-me-to-a-secret-of-at-least-32-bytes".to_string())
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            jwt.starts_with("ORDERD_JWT_HS256_SECRET holds a value published"),
+            "{jwt}"
+        );
+    }
+
+    /// Every secret-like value in the manifests, the README, the docs, the k6 scripts
+    /// and `examples/` (what counts: `config::examples`) is refused at start, naming
+    /// its setting; a new one fails here with the digest to list until it is.
+    #[test]
+    fn every_secret_the_examples_publish_is_refused_at_start() {
+        let secret_settings: Vec<&str> = SETTINGS
+            .concat()
+            .iter()
+            .filter(|s| matches!(s.kind, Kind::Secret))
+            .map(|s| s.name)
+            .collect();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let found = examples::gather(root, &secret_settings);
+        // The gathering has teeth: the example Secret gives the HS256 secret a value.
+        assert!(
+            found
+                .iter()
+                .any(|f| f.file == "deploy/kubernetes/secret.yaml"
+                    && f.name == "ORDERD_JWT_HS256_SECRET"),
+            "nothing gathered from deploy/kubernetes/secret.yaml: {found:?}"
+        );
+        let mut started = Vec::new();
+        for f in &found {
+            for secret in &f.secrets {
+                if !published::is_published(secret) {
+                    started.push(format!(
+                        "{}:{}: a value of {} is not refused: list \"{}\" in src/config/published.rs",
+                        f.file,
+                        f.line,
+                        f.name,
+                        published::digest(secret)
+                    ));
+                }
+            }
+            if secret_settings.contains(&f.name.as_str()) {
+                match config(&[("DATABASE_URL", "x"), (&f.name, &f.value)]) {
+                    Err(e) if e.to_string().starts_with(&f.name) => {}
+                    other => started.push(format!(
+                        "{}:{}: {} as written there is not refused naming it: {:?}",
+                        f.file,
+                        f.line,
+                        f.name,
+                        other.map(|_| "it starts").map_err(|e| e.to_string())
+                    )),
+                }
+            }
+        }
+        assert!(started.is_empty(), "{}", started.join("\n"));
+    }
+
+    #[test]
+    fn a_deployment_that_requires_keys_does_not_start_without_them() {
+        const KEY: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let with = |vars: &[(&str, &str)]| {
+            let mut all = vec![("DATABASE_URL", "x")];
+            all.extend_from_slice(vars);
+            config(&all).map(|_| ()).map_err(|e| e.to_string())
+        };
+        for unset in [&[][..], &[("ORDERD_RESPONSE_KEYS", " ")]] {
+            let mut vars = vec![("ORDERD_RESPONSE_KEYS_REQUIRED", "on")];
+            vars.extend_from_slice(unset);
+            let err = with(&vars).unwrap_err();
+            assert!(err.starts_with("ORDERD_RESPONSE_KEYS is required"), "{err}");
+            assert!(err.contains("ORDERD_RESPONSE_KEYS_REQUIRED is on"), "{err}");
+        }
+        assert_eq!(
+            with(&[
+                ("ORDERD_RESPONSE_KEYS_REQUIRED", "on"),
+                ("ORDERD_RESPONSE_KEYS", KEY)
+            ]),
+            Ok(())
+        );
+        // Off by default: a developer's process stores in clear, as the contract says.
+        assert_eq!(with(&[]), Ok(()));
     }
 
     #[test]

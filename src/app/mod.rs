@@ -323,9 +323,14 @@ pub async fn run_relay(
     Ok(())
 }
 
-/// Keeps a JWKS fresh (when tokens are verified against one) and forgets idle tenants.
+/// Keeps a JWKS fresh and its age reported (when tokens are verified against one) and
+/// forgets idle tenants.
 fn spawn_auth_jobs(supervisor: &Supervisor, shared: &api::Shared) {
     if let Some(jwks) = shared.verifier.jwks() {
+        let aged = jwks.clone();
+        supervisor.spawn("jwks age", |token| {
+            api::health::report_key_set_age(aged, token)
+        });
         supervisor.spawn("jwks refresh", |token| auth::jwks::keep_fresh(jwks, token));
     }
     let limiter = shared.limiter.clone();

@@ -8,9 +8,12 @@
 //! - Concurrent unknown-`kid` lookups share one fetch, run as a task of its own: no lock
 //!   is held while it runs, a token whose `kid` is known never waits for it, and a
 //!   client that goes away does not cancel it for the others.
-//! - A failed fetch, or a set without one usable key, keeps the last good set. A set
-//!   not confirmed by the provider for [`STALE_AFTER`] is reported stale (readiness
-//!   says so), as keys the provider withdrew meanwhile would still verify.
+//! - A failed fetch, or a set without one usable key, keeps the last good set, and the
+//!   set keeps verifying however long the provider stays away: an identity provider's
+//!   outage must not become one of every process at once. Keys the provider withdrew
+//!   meanwhile keep verifying until a fetch succeeds; the set's age ([`Jwks::age`]) is a
+//!   metric with an alert, and a set becomes [`SetState::Stale`] (not ready) only where
+//!   `ORDERD_JWT_STALE_READINESS_SECS` asks for it.
 //! - Each key carries the digest of its JWK, so a token verified by a key that a later
 //!   set still holds unchanged stays verified (see [`super::verified`]).
 //! - RSA, EC P-256/P-384 and Ed25519 keys are used; a key's `alg` decides its
@@ -48,8 +51,6 @@ use crate::supervisor::{Every, First, Run, Schedule};
 pub const REFRESH_EVERY: Duration = Duration::from_secs(300);
 /// The shortest interval between fetches caused by unknown `kid`s.
 pub const UNKNOWN_KID_REFRESH: Duration = Duration::from_secs(30);
-/// How long a set may go unconfirmed (three refreshes missed) before it counts as stale.
-pub const STALE_AFTER: Duration = Duration::from_secs(3 * 300);
 /// Bound on one fetch.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest set accepted.
@@ -75,18 +76,39 @@ type SharedFetch = Shared<BoxFuture<'static, ()>>;
 pub enum SetState {
     /// No set was ever fetched: no token verifies.
     Missing,
-    /// The provider has not confirmed the set for longer than [`STALE_AFTER`].
+    /// A set verifies tokens, but a staleness limit is set, the last fetch failed, and
+    /// the provider last confirmed the set longer ago than the limit.
     Stale,
-    Fresh,
+    /// A set verifies tokens: the provider confirmed it at its last fetch, or no limit
+    /// is set, or the limit has not passed.
+    Held,
+}
+
+/// What the fetches of a set have said.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fetched {
+    /// When the provider last answered with a usable set.
+    pub confirmed: Option<Instant>,
+    /// Whether the last fetch failed (no answer, an error, or no usable key).
+    pub failing: bool,
 }
 
 impl SetState {
-    /// The state of a set last confirmed at `confirmed`, seen at `now`.
-    pub fn of(confirmed: Option<Instant>, now: Instant) -> Self {
-        match confirmed {
-            None => Self::Missing,
-            Some(at) if now.saturating_duration_since(at) > STALE_AFTER => Self::Stale,
-            Some(_) => Self::Fresh,
+    /// The state of a set as `fetched` says, seen at `now`, stale past `stale_after`
+    /// (never, without one).
+    ///
+    /// Between two refreshes a healthy provider's set ages by up to the refresh
+    /// interval: only a set whose last fetch failed can be stale, so a limit below that
+    /// interval never takes a process out of rotation while the provider answers.
+    pub fn of(fetched: Fetched, now: Instant, stale_after: Option<Duration>) -> Self {
+        match (fetched.confirmed, stale_after) {
+            (None, _) => Self::Missing,
+            (Some(at), Some(limit))
+                if fetched.failing && now.saturating_duration_since(at) > limit =>
+            {
+                Self::Stale
+            }
+            (Some(_), _) => Self::Held,
         }
     }
 }
@@ -96,8 +118,12 @@ pub struct Jwks {
     url: String,
     client: HttpsClient,
     keys: RwLock<Option<Arc<Keys>>>,
-    /// When the provider last answered with a usable set.
-    confirmed: Mutex<Option<Instant>>,
+    fetched: Mutex<Fetched>,
+    /// When this set was made: its age until the provider first confirms it.
+    made: Instant,
+    /// How long after its last confirmation a set whose fetches fail counts as stale;
+    /// never, without one.
+    stale_after: Option<Duration>,
     unknown_kid: Mutex<UnknownKidFetch>,
 }
 
@@ -111,22 +137,41 @@ struct UnknownKidFetch {
 }
 
 impl Jwks {
+    /// The set of `url`, never stale however old (see [`Jwks::stale_after`]).
     pub fn new(url: String) -> Self {
         Self {
             url,
             client: https_client(),
             keys: RwLock::new(None),
-            confirmed: Mutex::new(None),
+            fetched: Mutex::new(Fetched::default()),
+            made: Instant::now(),
+            stale_after: None,
             unknown_kid: Mutex::new(UnknownKidFetch::default()),
         }
     }
 
-    /// Whether a set was ever fetched, and whether the provider still confirms it.
+    /// The same set, [`SetState::Stale`] once its fetches fail and the provider last
+    /// confirmed it longer than `limit` ago (`None`: never).
+    pub fn stale_after(self, limit: Option<Duration>) -> Self {
+        Self {
+            stale_after: limit,
+            ..self
+        }
+    }
+
+    fn fetched(&self) -> Fetched {
+        *self.fetched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a set was ever fetched, and whether it counts as stale.
     pub fn state(&self) -> SetState {
-        SetState::of(
-            *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()),
-            Instant::now(),
-        )
+        SetState::of(self.fetched(), Instant::now(), self.stale_after)
+    }
+
+    /// How long ago the provider last confirmed the set; since this set was made while
+    /// it never has.
+    pub fn age(&self) -> Duration {
+        self.fetched().confirmed.unwrap_or(self.made).elapsed()
     }
 
     fn current(&self) -> Option<Arc<Keys>> {
@@ -200,10 +245,17 @@ impl Jwks {
                     tracing::debug!("the JSON Web Key Set is unchanged");
                 }
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(keys));
-                *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                *self.fetched.lock().unwrap_or_else(|e| e.into_inner()) = Fetched {
+                    confirmed: Some(Instant::now()),
+                    failing: false,
+                };
                 true
             }
             Err(why) => {
+                self.fetched
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failing = true;
                 tracing::warn!(url = %self.url, error = %why, "cannot fetch the JSON Web Key Set; keeping the last one");
                 false
             }
@@ -261,7 +313,7 @@ pub async fn keep_fresh(jwks: Arc<Jwks>, shutdown: CancellationToken) {
         let turn = async {
             let fetched = jwks.refresh().await;
             // A failed refresh of a set already held is no failure: the set still serves
-            // (and says how stale it is through readiness).
+            // (and its age says how long the provider has been away).
             if fetched || jwks.state() != SetState::Missing {
                 Run::Done
             } else {
@@ -435,14 +487,52 @@ mod tests {
         assert_ne!(ab["a"].digest, ab["b"].digest, "the kid is part of the key");
     }
 
+    /// Three refreshes missed: what made a set stale, and every process unready, before
+    /// the limit was a setting.
+    const FIFTEEN_MINUTES: Duration = Duration::from_secs(900);
+
     #[test]
-    fn a_set_goes_stale_when_the_provider_stops_confirming_it() {
-        let now = Instant::now() + STALE_AFTER * 2;
-        assert_eq!(SetState::of(None, now), SetState::Missing);
-        assert_eq!(SetState::of(Some(now - STALE_AFTER), now), SetState::Fresh);
+    fn a_set_the_provider_stopped_confirming_keeps_serving_unless_a_limit_is_set() {
+        let now = Instant::now() + FIFTEEN_MINUTES * 4;
+        let failing_since = |age: Duration| Fetched {
+            confirmed: Some(now - age),
+            failing: true,
+        };
+        let never = Fetched {
+            confirmed: None,
+            failing: true,
+        };
+        assert_eq!(SetState::of(never, now, None), SetState::Missing);
         assert_eq!(
-            SetState::of(Some(now - STALE_AFTER - Duration::from_secs(1)), now),
+            SetState::of(never, now, Some(FIFTEEN_MINUTES)),
+            SetState::Missing
+        );
+        // The provider has been away for an hour: the set still serves.
+        let an_hour = failing_since(FIFTEEN_MINUTES * 4);
+        assert_eq!(SetState::of(an_hour, now, None), SetState::Held);
+        // Past a limit that is set, it is stale; not a second before.
+        let limit = Some(FIFTEEN_MINUTES);
+        assert_eq!(
+            SetState::of(failing_since(FIFTEEN_MINUTES), now, limit),
+            SetState::Held
+        );
+        assert_eq!(
+            SetState::of(
+                failing_since(FIFTEEN_MINUTES + Duration::from_secs(1)),
+                now,
+                limit
+            ),
             SetState::Stale
+        );
+        // A set the provider confirmed at its last fetch is never stale, whatever the
+        // limit: between two refreshes a healthy provider's set ages too.
+        let confirmed_long_ago = Fetched {
+            failing: false,
+            ..an_hour
+        };
+        assert_eq!(
+            SetState::of(confirmed_long_ago, now, Some(Duration::from_secs(1))),
+            SetState::Held
         );
     }
 }

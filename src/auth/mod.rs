@@ -155,7 +155,9 @@ impl Verifier {
                 )));
             }
         } else if let Some(url) = &config.jwks_url {
-            Keys::Jwks(Arc::new(Jwks::new(url.clone())))
+            Keys::Jwks(Arc::new(
+                Jwks::new(url.clone()).stale_after(config.stale_readiness),
+            ))
         } else {
             return Err(ConfigError::new(
                 "set one of ORDERD_JWT_HS256_SECRET, ORDERD_JWT_PUBLIC_KEY_FILE and ORDERD_JWT_JWKS_URL to verify tokens",
@@ -178,14 +180,17 @@ impl Verifier {
     }
 
     /// Why this instance should not take traffic, as far as tokens go: a JWKS never
-    /// fetched (no token verifies), or one the provider has not confirmed for too long
-    /// (withdrawn keys might still verify).
+    /// fetched (no token verifies), or, where `ORDERD_JWT_STALE_READINESS_SECS` asks
+    /// for it, one the provider has not confirmed for longer than that (withdrawn keys
+    /// might still verify). Without that setting, a set once fetched keeps the instance
+    /// ready however long the provider stays away: every instance would otherwise go
+    /// at once, an identity provider's outage becoming orderd's.
     pub fn not_ready(&self) -> Option<&'static str> {
         match &self.keys {
             Keys::Jwks(jwks) => match jwks.state() {
                 SetState::Missing => Some("no token verification keys yet"),
                 SetState::Stale => Some("the token verification keys are stale"),
-                SetState::Fresh => None,
+                SetState::Held => None,
             },
             _ => None,
         }

@@ -1,8 +1,8 @@
 //! How tokens are verified and minted: the JWT settings and their rules.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
-use crate::config::{ConfigError, Env, Kind, Secret, Setting, parse, settings};
+use crate::config::{ConfigError, Env, Kind, Secret, Setting, parse, range, settings};
 
 settings! {
     /// How tokens are verified and minted.
@@ -13,6 +13,9 @@ settings! {
         jwks_url: Option<String> = parse::text [JWT_JWKS_URL, "ORDERD_JWT_JWKS_URL", None, Kind::Text, "JSON Web Key Set URL: `https`, or `http` only to a loopback host; the token's `kid` picks the key; refreshed every 5 minutes; needs `ORDERD_JWT_ISSUER` and `ORDERD_JWT_AUDIENCE`"],
         issuer: Option<String> = parse::text [JWT_ISSUER, "ORDERD_JWT_ISSUER", None, Kind::Text, "when set, a token's `iss` must match; required with a JWKS URL"],
         audience: Option<String> = parse::text [JWT_AUDIENCE, "ORDERD_JWT_AUDIENCE", None, Kind::Text, "when set, a token's `aud` (a string or an array) must contain it; required with a JWKS URL"],
+        /// How long after the provider last confirmed the key set a set whose fetches
+        /// fail makes `/readyz` answer 503; `None`: never.
+        stale_readiness: Option<Duration> = parse::secs_or_off [JWT_STALE_READINESS_SECS, "ORDERD_JWT_STALE_READINESS_SECS", Some("0"), range(0, 31_536_000), "with a JWKS URL: once a fetch of the key set has failed and the provider last confirmed the set longer ago than this, `/readyz` answers 503 (`900` was the behaviour before it was a setting); `0`: never, the cached keys keep verifying and the process stays ready however long the provider is away (the set's age is the `jwks_key_set_age_seconds` metric)"],
     }
     check = JwtConfig::check;
 }

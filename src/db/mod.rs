@@ -45,6 +45,8 @@ pub use self::nodes::{
     EachNode, NODE_CONNECT_TIMEOUT, Node, Scan, WHOLE_TABLE_READS, as_json_rows, json_rows,
     nodes_of, on_nodes_answering, read_each_node, run_on, seconds_ago, text_literal, time_literal,
 };
+#[doc(hidden)]
+pub use self::pool::citus_node_urls;
 pub use self::pool::{
     ACQUIRE_TIMEOUT, Conn, DEADLINE_MARGIN, Db, PING_IF_IDLE_FOR, PING_TIMEOUT, Placed,
     SERVER_KEEPALIVES, Session, begin_statement, connect_db, connect_relay_db, db_of_size,

@@ -600,6 +600,13 @@ fn routed(options: PgConnectOptions, pooled: bool) -> PgConnectOptions {
     }
 }
 
+/// `ORDERD_CITUS_NODE_URLS` read exactly as a distributed database's pools read it, but
+/// without a database: the fuzzing targets feed it text no operator would write.
+#[doc(hidden)]
+pub fn citus_node_urls(config: &DbConfig) -> anyhow::Result<HashMap<String, PgConnectOptions>> {
+    given_nodes(config)
+}
+
 /// `ORDERD_CITUS_NODE_URLS`: the nodes reached otherwise than at `DATABASE_URL` with
 /// their host and port, by the name Citus knows them by.
 fn given_nodes(config: &DbConfig) -> anyhow::Result<HashMap<String, PgConnectOptions>> {

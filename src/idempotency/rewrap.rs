@@ -1,12 +1,17 @@
 //! `orderd keys rewrap`: every completed record not sealed under the first of
-//! `ORDERD_RESPONSE_KEYS` with this release's layout of associated data (records in
-//! clear, under an older key, or sealed with the first layout) is opened and sealed
-//! anew, in bounded batches; then it counts what is left, and says so.
+//! `ORDERD_RESPONSE_KEYS` in this release's layout ([`SEAL_VERSION`]) is opened and
+//! sealed anew, in bounded batches; then it counts what is left, and says so. That is
+//! records in clear, under an older key, or sealed in an earlier layout: one that binds
+//! less of the answer (1, 2), or that sealed under the configured key itself with a
+//! random nonce (1 to 3), where the current one derives a key per record. A record is
+//! told by its key id and its stored layout alone, so a release with a new layout moves
+//! every older one without a change here.
 //!
 //! It walks the tenants in order, and each batch is one short transaction that locks
 //! rows of one tenant (`FOR UPDATE SKIP LOCKED`), opens each body under the key it
-//! names, seals the plaintext under the first key and writes it back where the row
-//! still names the key and layout it was read under. So:
+//! names, seals the plaintext under the first key (a fresh salt, so a key of its own)
+//! and writes it back where the row still names the key and layout it was read under.
+//! So:
 //! - live traffic goes on: replays read without locks; a completion only ever touches a
 //!   PROCESSING row, which a rewrap never reads, and seals under the first key itself;
 //! - two rewraps side by side take different rows, and since every new body is sealed
@@ -60,7 +65,7 @@ pub struct Left {
 /// What one rewrap did, and what it left.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Report {
-    /// Records now sealed under the first key with this release's layout.
+    /// Records now sealed under the first key in this release's layout.
     pub resealed: u64,
     /// Of those, records that were stored in clear before.
     pub were_clear: u64,

@@ -18,12 +18,13 @@ settings! {
         replay_cache_bytes: u64 = parse::number [REPLAY_CACHE_BYTES, "ORDERD_REPLAY_CACHE_BYTES", Some("6291456"), range(0, 4_294_967_295), "memory for completed responses that replays are answered from without a database round trip, about 1.5 KiB each (least recently used go first); `0` turns the cache off"],
         /// The keys stored responses are sealed with: the first seals, every one opens;
         /// none: stored as they are.
-        response_keys: Vec<ResponseKey> = keys [RESPONSE_KEYS, "ORDERD_RESPONSE_KEYS", None, Kind::Secret, "keys that seal stored responses at rest with AES-256-GCM, as comma-separated `id:base64` (32 bytes each, ids of 1 to 64 of `A-Za-z0-9._-`): the first seals new records, every one opens; unset: stored as they are. Rotate by putting a new key first, running `orderd keys rewrap`, then dropping the old one"],
+        response_keys: Vec<ResponseKey> = keys [RESPONSE_KEYS, "ORDERD_RESPONSE_KEYS", None, Kind::Secret, "keys that seal stored responses at rest with AES-256-GCM, each record under its own key derived from the first one with HKDF-SHA256 and a random salt, as comma-separated `id:base64` (32 bytes each, ids of 1 to 64 of `A-Za-z0-9._-`): the first seals new records, every one opens; unset: stored as they are. Rotate by putting a new key first, running `orderd keys rewrap`, then dropping the old one"],
         /// Whether a body stored in clear is refused (503) while keys are configured.
         refuse_clear_records: bool = parse::last_choice [RESPONSE_CLEAR, "ORDERD_RESPONSE_CLEAR", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response kept in clear while `ORDERD_RESPONSE_KEYS` is set: `serve` it (records stored before keys were turned on), or `refuse` it with 503 once `orderd keys rewrap` has sealed every record, so that a clear body written into the table is never served"],
-        /// Whether a body sealed in a layout that binds less than the current one is
-        /// refused (503).
-        refuse_old_layouts: bool = parse::last_choice [RESPONSE_OLD_LAYOUTS, "ORDERD_RESPONSE_OLD_LAYOUTS", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response sealed in an older layout, which binds less of the answer (not its expiry): `serve` it, or `refuse` it with 503 once `orderd keys rewrap` has moved every record to the current layout"],
+        /// Whether a body sealed in a layout before the current one (every layout
+        /// before 4: bound to less of the answer, or sealed under the configured key
+        /// with a random nonce) is refused (503).
+        refuse_old_layouts: bool = parse::last_choice [RESPONSE_OLD_LAYOUTS, "ORDERD_RESPONSE_OLD_LAYOUTS", Some("serve"), Kind::Choice(&["serve", "refuse"]), "what a replay does with a stored response sealed in a layout before the current one (4: a key derived per record): layouts 1 and 2 bind less of the answer (not its expiry), and 1 to 3 seal under the configured key itself with random nonces, 2^32 of which one key allows; `serve` it, or `refuse` it with 503 once `orderd keys rewrap` has moved every record to the current layout"],
     }
     check = IdempotencyConfig::check;
 }

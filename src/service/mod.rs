@@ -219,9 +219,11 @@ impl Service {
         }
     }
 
-    /// Refuses a write of a tenant being erased (409, nothing looked up or stored).
-    fn writable(&self, caller: &Caller) -> Result<(), Problem> {
-        if self.erasures.contains(caller.tenant()) {
+    /// Refuses a write of a tenant being erased (409, nothing looked up or stored): one
+    /// this process holds as being erased and the table still marks (see
+    /// `Erasures::refuses`).
+    async fn writable(&self, caller: &Caller) -> Result<(), Problem> {
+        if self.erasures.refuses(&self.db, caller.tenant()).await? {
             return Err(Problem::erasing());
         }
         Ok(())
@@ -255,7 +257,7 @@ impl Service {
         new: NewOrder,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
-        self.writable(caller)?;
+        self.writable(caller).await?;
         let _place = self.admit()?;
         let scope = Scope {
             tenant: caller.tenant(),
@@ -300,7 +302,7 @@ impl Service {
         id: Uuid,
     ) -> Result<Reply, Problem> {
         caller.require(SCOPE_WRITE)?;
-        self.writable(caller)?;
+        self.writable(caller).await?;
         let _place = self.admit()?;
         let tenant = caller.tenant();
         let scope = Scope {

@@ -15,6 +15,14 @@ nothing here shares code with orderd.
         every connection slot held by clients that pipeline /docs and never read.
     hostile.py descriptors BASE TOKEN PID
         many more silent sockets than the descriptor limit allows connections.
+    hostile.py every-path BASE TOKEN PID [METRICS_BASE]
+        a tenant streams a 256 MiB chunked body to every path (those of the served
+        OpenAPI document, the others the service serves, one it does not) with every
+        method; the process must answer each and grow by less than 1 MiB.
+    hostile.py idle-slots BASE TOKEN PID SLOTS
+        every connection slot held by anonymous clients that asked /healthz once and
+        went idle; a tenant's create must be answered, and exactly the connection idle
+        longest closed for it.
     hostile.py anonymous-bodies BASE TOKEN PID CONNECTIONS
         CONNECTIONS clients without a token, each announcing a 65,536-byte create body,
         sending 60,000 bytes of it and stalling; resident memory is measured before and
@@ -27,6 +35,7 @@ import os
 import resource
 import socket
 import sys
+import threading
 import time
 import uuid
 from urllib.parse import urlparse
@@ -388,6 +397,142 @@ async def anonymous_bodies(base, token, pid, connections):
           f"(+{growth:.1f} MiB, {per_connection:.1f} KiB a connection)")
 
 
+def peak_rss_kib(pid):
+    """The process's resident high-water mark (VmHWM), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def streamed_blocking(host, port, method, path, token, total):
+    """A tenant's chunked body of `total` bytes to `path`, sent (from a thread of its
+    own) until the server answers and closes: the status of the answer, 0 for none.
+    Plain blocking sockets: asyncio would drop an answer already received when the
+    server's close makes the next write fail."""
+    sock = socket.create_connection((host, port))
+    head = (f"{method} {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n"
+            f"idempotency-key: stream-{uuid.uuid4().hex}\r\ncontent-type: application/json\r\n"
+            "accept: application/json, text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    chunk = b"10000\r\n" + b" " * 65536 + b"\r\n"
+
+    def send():
+        try:
+            sock.sendall(head.encode())
+            sent = 0
+            while sent < total:
+                sock.sendall(chunk)
+                sent += 65536
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sock.settimeout(60)
+    received = b""
+    try:
+        while b"\r\n" not in received:
+            data = sock.recv(4096)
+            if not data:
+                break
+            received += data
+    except OSError:
+        pass
+    sock.close()
+    sender.join(5)
+    parts = received.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+async def streamed(host, port, method, path, token, total):
+    return await asyncio.to_thread(streamed_blocking, host, port, method, path, token, total)
+
+
+async def every_path(base, token, pid, metrics_base=None):
+    url = urlparse(base)
+    host, port = url.hostname, url.port
+    status, spec = await request(host, port, "GET", "/openapi.json")
+    check(status == 200, "the OpenAPI document is served")
+    order = str(uuid.uuid4())
+    paths = {p.replace("{id}", order) for p in json.loads(spec)["paths"]}
+    paths |= {"/mcp", "/docs", "/docs/", "/openapi.json", "/openapi.yaml", "/healthz", "/readyz",
+              "/metrics", "/.well-known/oauth-protected-resource", "/no/such/path"}
+    targets = [(host, port, path) for path in sorted(paths)]
+    if metrics_base:
+        murl = urlparse(metrics_base)
+        targets += [(murl.hostname, murl.port, p) for p in ("/metrics", "/healthz", "/readyz", "/console")]
+    process = Process(pid)
+    # A first walk with small bodies: the baseline is what answering already costs.
+    for h, p, path in targets:
+        for method in METHODS:
+            await streamed(h, p, method, path, token, 65536)
+    await asyncio.sleep(0.5)
+    process.sample()
+    baseline = process.max_rss_kib
+    peak_before = peak_rss_kib(pid)
+    process.max_rss_kib = 0
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(process.watch(stop))
+    started = time.monotonic()
+    answers = {}
+    for h, p, path in targets:
+        for method in METHODS:
+            answers[f"{method} {path}"] = await streamed(h, p, method, path, token, 256 << 20)
+    elapsed = time.monotonic() - started
+    process.sample()
+    stop.set()
+    await watcher
+    # The high-water mark too: a body held for a moment between two samples shows there.
+    growth = max(process.max_rss_kib, peak_rss_kib(pid)) - max(baseline, peak_before)
+    print(f"256 MiB streamed to {len(targets)} paths x {len(METHODS)} methods in {elapsed:.1f} s: "
+          f"RSS {baseline / 1024:.1f} MiB before, peak +{growth} KiB")
+    unanswered = [k for k, v in answers.items() if v == 0]
+    check(not unanswered, f"every path and method was answered: {unanswered}")
+    check(growth < 1024, f"the process grew by less than 1 MiB (+{growth} KiB)")
+
+
+async def idle_slots(base, token, pid, slots):
+    url = urlparse(base)
+    host, port = url.hostname, url.port
+    idle = []
+    for _ in range(slots):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+        check(answer.startswith(b"HTTP/1.1 200"), "an anonymous client asked /healthz and went idle")
+        idle.append((reader, writer))
+        await asyncio.sleep(0.05)
+    started = time.monotonic()
+    try:
+        served = await asyncio.wait_for(create(host, port, token), 30)
+    except asyncio.TimeoutError:
+        served = None
+    took = time.monotonic() - started
+    print(f"a create behind {slots} idle connections (all the slots) answered in {took * 1000:.1f} ms")
+    check(served == 201, f"the tenant's create was served ({served})")
+    closed = []
+    for reader, writer in idle:
+        try:
+            data = await asyncio.wait_for(reader.read(1), 0.5)
+            closed.append(data == b"")
+        except asyncio.TimeoutError:
+            closed.append(False)
+        except (ConnectionError, OSError):
+            closed.append(True)
+    check(closed[0] and not any(closed[1:]),
+          f"exactly the connection idle longest was closed ({closed})")
+    status, _ = await request(host, port, "GET", "/readyz")
+    check(status == 200, f"probes keep answering ({status})")
+    for _, writer in idle:
+        writer.close()
+
+
 def main():
     probe, args = sys.argv[1], sys.argv[2:]
     if probe == "edge":
@@ -396,6 +541,12 @@ def main():
     elif probe == "non-readers":
         base, token, pid, write_timeout_s, slots = args
         asyncio.run(non_readers(base, token, int(pid), float(write_timeout_s), int(slots)))
+    elif probe == "every-path":
+        base, token, pid, *metrics = args
+        asyncio.run(every_path(base, token, int(pid), metrics[0] if metrics else None))
+    elif probe == "idle-slots":
+        base, token, pid, slots = args
+        asyncio.run(idle_slots(base, token, int(pid), int(slots)))
     elif probe == "anonymous-bodies":
         base, token, pid, connections = args
         asyncio.run(anonymous_bodies(base, token, int(pid), int(connections)))

@@ -7,7 +7,9 @@
 //! `Origin` must be allowed ([`check_origin`], DNS-rebinding protection), and the
 //! bearer token must verify, else 401 with a challenge naming the protected-resource
 //! metadata (RFC 9728, [`challenge`]) so that MCP clients can find where tokens come
-//! from. Scopes and the tenant's limits apply per tool call.
+//! from. Every request then counts once against the tenant's limits, before the SDK
+//! sees it; scopes apply per tool call. Only `POST` carries a message: any other method
+//! is answered 405 with its body unread.
 //! The tools themselves ([`tools`]) are thin: they parse their arguments and call the
 //! application layer, as the REST handlers do.
 
@@ -15,12 +17,11 @@ mod tools;
 
 use std::{convert::Infallible, sync::Arc};
 
-use bytes::Bytes;
 use futures::TryStreamExt;
 use http_body_util::{BodyExt, Full};
 use poem::{
     Body, Endpoint, Request, Response,
-    http::{HeaderValue, StatusCode, header},
+    http::{HeaderValue, Method, StatusCode, header},
 };
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
@@ -32,7 +33,7 @@ pub use self::tools::{KEY_EXPIRES_META, OrderTools};
 use super::{
     Shared,
     limits::TenantLimiter,
-    problem::{AppKind, Problem},
+    problem::{AppKind, Kind, Problem},
     routes::Route,
 };
 use crate::{
@@ -51,10 +52,7 @@ pub struct Mcp {
 
 impl Mcp {
     pub fn new(service: service::Service, shared: &Shared) -> Self {
-        let tools = OrderTools {
-            service,
-            limiter: shared.limiter.clone(),
-        };
+        let tools = OrderTools { service };
         // Stateless, JSON answers; the Host header is not checked here because orderd
         // serves public names behind a balancer: browsers are kept out by `Origin`.
         let config = StreamableHttpServerConfig::default()
@@ -78,21 +76,36 @@ impl Mcp {
                 "/mcp was reached without the gate's caller"
             ))
         })?;
+        // Only a POST carries an MCP message; its body was read under the body limit
+        // (`middleware::limit_body`). Any other method is counted, then answered 405,
+        // its body never read.
+        if req.method() != Method::POST {
+            let _admission = self.limiter.admit(caller.tenant(), Route::Mcp).await?;
+            return Err(Problem::new(Kind::MethodNotAllowed).with_header(
+                header::ALLOW,
+                HeaderValue::from_static(Route::Mcp.allowed_methods()),
+            ));
+        }
         let (parts, body) = req.into_parts();
         let bytes = body
             .into_bytes()
             .await
             .map_err(|e| Problem::app(AppKind::ValidationError).with_detail(e.to_string()))?;
-        // Every MCP request counts against the caller's tenant limits. A tool call
-        // that reaches the tools (a name and arguments that are an object) is admitted
-        // there, and its refusal is a tool result the model can read, whatever the
-        // name; everything else (initialize, listings, pings, notifications, a call
-        // whose parameters the SDK refuses before any tool sees them) is admitted here
-        // and refused as HTTP 429.
-        let _admission = if reaches_the_tools(&bytes) {
-            None
-        } else {
-            Some(self.limiter.admit(caller.tenant(), Route::Mcp).await?)
+        // Every MCP request counts against the caller's tenant limits once, here,
+        // before the protocol layer looks at it (so a request it would refuse, for a
+        // wrong `Accept` say, counts too). A tool call counts against its REST twin's
+        // route; a refused `tools/call` is a tool result the model can read, anything
+        // else refused is HTTP 429.
+        let call = ToolCall::of(&bytes);
+        let route = call.as_ref().map_or(Route::Mcp, |c| c.route);
+        let admission = match self.limiter.admit(caller.tenant(), route).await {
+            Ok(admission) => admission,
+            Err(problem) => {
+                return match call.and_then(|c| c.id) {
+                    Some(id) => Ok(tools::refused_call(id, &problem)),
+                    None => Err(problem),
+                };
+            }
         };
         let mut http_req = http::Request::builder()
             .method(parts.method)
@@ -105,9 +118,15 @@ impl Mcp {
         let mut service = self.service.clone();
         let Ok(answer) = service.call(http_req).await;
         let (head, body) = answer.into_parts();
+        // The admission (one of the tenant's in-flight permits) is held until the
+        // answer has been sent, however the SDK produces it.
         let stream = body
             .into_data_stream()
-            .map_err(|never: Infallible| -> std::io::Error { match never {} });
+            .map_err(|never: Infallible| -> std::io::Error { match never {} })
+            .map_ok(move |chunk| {
+                let _held = &admission;
+                chunk
+            });
         let mut response = Response::from_parts(
             poem::ResponseParts {
                 status: head.status,
@@ -115,7 +134,7 @@ impl Mcp {
                 headers: head.headers,
                 extensions: head.extensions,
             },
-            Body::from_bytes_stream(stream.map_ok(Bytes::from)),
+            Body::from_bytes_stream(stream),
         );
         if response.status() == StatusCode::METHOD_NOT_ALLOWED
             && !response.headers().contains_key(header::ALLOW)
@@ -142,25 +161,39 @@ pub fn check_origin(headers: &http::HeaderMap, allowed: &[String]) -> Result<(),
     Ok(())
 }
 
-/// Whether a request body is a JSON-RPC `tools/call` whose parameters the SDK hands to
-/// the tools: a name, and arguments that are an object or absent.
-fn reaches_the_tools(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Call<'a> {
-        #[serde(borrow)]
-        method: Option<std::borrow::Cow<'a, str>>,
-        params: Option<Params<'a>>,
+/// A JSON-RPC `tools/call`, as far as the limits need to know it: the route of the
+/// tool it names (its REST twin's, or `/mcp` for a name no tool has) and the request's
+/// id, which a refusal answers.
+struct ToolCall {
+    route: Route,
+    id: Option<serde_json::Value>,
+}
+
+impl ToolCall {
+    /// The call in `body`, if the body is one (however malformed its parameters).
+    fn of(body: &[u8]) -> Option<ToolCall> {
+        #[derive(serde::Deserialize)]
+        struct Message<'a> {
+            #[serde(borrow)]
+            method: Option<std::borrow::Cow<'a, str>>,
+            id: Option<serde_json::Value>,
+            params: Option<serde_json::Value>,
+        }
+        let message = serde_json::from_slice::<Message>(body).ok()?;
+        if message.method.as_deref() != Some("tools/call") {
+            return None;
+        }
+        let name = message
+            .params
+            .as_ref()
+            .and_then(|p| p.get("name"))
+            .and_then(serde_json::Value::as_str);
+        Some(ToolCall {
+            route: name.map_or(Route::Mcp, tools::route_of),
+            // JSON-RPC ids are strings or numbers; anything else is no id to answer.
+            id: message.id.filter(|id| id.is_string() || id.is_number()),
+        })
     }
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow)]
-        #[allow(dead_code)]
-        name: std::borrow::Cow<'a, str>,
-        #[allow(dead_code)]
-        arguments: Option<serde_json::Map<String, serde_json::Value>>,
-    }
-    serde_json::from_slice::<Call>(body)
-        .is_ok_and(|c| c.method.as_deref() == Some("tools/call") && c.params.is_some())
 }
 
 /// A 401 whose challenge names the protected-resource metadata, at the configured

@@ -26,7 +26,6 @@ use uuid::Uuid;
 use crate::{
     api::{
         body::create_order_schema,
-        limits::TenantLimiter,
         problem::{AppKind, Problem},
         routes::Route,
     },
@@ -74,6 +73,7 @@ impl Tool {
         Tool::ALL.into_iter().find(|t| t.name() == name)
     }
 
+    /// The route a call of this tool counts against in the tenant's limits.
     fn route(self) -> Route {
         match self {
             Tool::CreateOrder | Tool::ListOrders => Route::Orders,
@@ -83,11 +83,27 @@ impl Tool {
     }
 }
 
-/// The MCP server: one per request (stateless), sharing the process's state.
+/// The route a call of the tool named `name` counts against: its REST twin's, or
+/// `/mcp` for a name no tool has.
+pub(super) fn route_of(name: &str) -> Route {
+    Tool::named(name).map_or(Route::Mcp, Tool::route)
+}
+
+/// The answer to a `tools/call` the tenant's limits refused before the SDK saw it: a
+/// JSON-RPC response carrying the refusal as a tool result, as a refusal by the tool
+/// itself would look.
+pub(super) fn refused_call(id: Value, problem: &Problem) -> poem::Response {
+    let message = json!({"jsonrpc": "2.0", "id": id, "result": refusal(problem)});
+    poem::Response::builder()
+        .content_type("application/json")
+        .body(message.to_string())
+}
+
+/// The MCP server: one per request (stateless), sharing the process's state. The
+/// tenant's limits were applied to the request before it reached the SDK (`super::Mcp`).
 #[derive(Clone)]
 pub struct OrderTools {
     pub service: Service,
-    pub limiter: Arc<TenantLimiter>,
 }
 
 impl ServerHandler for OrderTools {
@@ -159,12 +175,7 @@ impl ServerHandler for OrderTools {
 impl OrderTools {
     /// Parses the tool's arguments and calls its operation.
     async fn call(&self, caller: &Caller, name: &str, args: JsonObject) -> Result<Reply, Problem> {
-        // A tool call counts like the REST call it stands for, and a call of a tool
-        // that does not exist like any other MCP request: before anything else.
-        let tool = Tool::named(name);
-        let route = tool.map_or(Route::Mcp, Tool::route);
-        let _admission = self.limiter.admit(caller.tenant(), route).await?;
-        let tool = tool.ok_or_else(|| {
+        let tool = Tool::named(name).ok_or_else(|| {
             Problem::app(AppKind::NotFound).with_detail(format!("there is no tool `{name}`"))
         })?;
         let mut fields = args;

@@ -350,7 +350,7 @@ async fn an_audience_may_be_a_string_or_an_array() {
 }
 
 /// `GET /v1/orders` on a running `orderd serve` with `token`: its status.
-async fn status_with(serve: &ServeProcess, token: &str) -> u16 {
+pub(super) async fn status_with(serve: &ServeProcess, token: &str) -> u16 {
     reqwest::Client::new()
         .get(format!("{}/v1/orders", serve.base))
         .bearer_auth(token)

@@ -1,7 +1,9 @@
 //! Tokens verified against a JSON Web Key Set served by the test over loopback: RSA
 //! (RS256, PS256), EC P-256 and P-384, Ed25519, picked by `kid`; a rotation picked up
 //! without a restart; unknown `kid`s that cannot hammer the provider; a provider down at
-//! start; the last good set kept when a fetch fails (docs/contract.md §2).
+//! start; the last good set kept when a fetch fails, the process kept ready and the set's
+//! age told by a metric, unless a setting asks for readiness to follow it
+//! (docs/contract.md §2).
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +12,9 @@ use orderd::auth::jwks::{Jwks, SetState};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{TestApp, TestDb, jwks_server::JwksServer, spawn_app_on};
+use crate::support::{
+    ServeProcess, TestApp, TestDb, jwks_server::JwksServer, sample, spawn_app_on,
+};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
@@ -207,7 +211,7 @@ async fn a_refresh_keeps_the_keys_it_still_holds_in_place() {
         "the kid names another key"
     );
     assert!(!jwks.holds("jwks_ec_p256", &p256.digest), "withdrawn");
-    assert_eq!(jwks.state(), SetState::Fresh);
+    assert_eq!(jwks.state(), SetState::Held);
 }
 
 /// Many tokens with unknown `kid`s at once wait for one fetch, which no lock guards: a
@@ -303,4 +307,118 @@ async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
         200,
         "the last good set still verifies"
     );
+}
+
+/// The gauge of the set's age.
+const AGE: &str = "jwks_key_set_age_seconds";
+
+/// `orderd serve` as a process of its own (its own metrics), verifying tokens against
+/// `provider`'s set, with `env` beside.
+fn serve_against(db: &TestDb, provider: &JwksServer, env: &[(&str, &str)]) -> ServeProcess {
+    let mut all = vec![
+        ("ORDERD_JWT_HS256_SECRET", String::new()),
+        ("ORDERD_JWT_JWKS_URL", provider.url.clone()),
+        ("ORDERD_JWT_ISSUER", ISSUER.to_string()),
+        ("ORDERD_JWT_AUDIENCE", AUDIENCE.to_string()),
+    ];
+    all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    ServeProcess::start(db, &all)
+}
+
+/// The status and body of `/readyz` at `base`.
+async fn readyz_at(base: &str) -> (u16, String) {
+    let reply = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    (reply.status().as_u16(), reply.text().await.unwrap())
+}
+
+/// Waits until `/readyz` at `base` answers 200.
+async fn until_ready_at(base: &str) {
+    for _ in 0..200 {
+        if readyz_at(base).await.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never ready");
+}
+
+/// The provider stops answering after `serve` fetched its set: an unknown `kid` makes
+/// `serve` ask it once more, and that fetch fails. Returns a token of a known key.
+async fn provider_gone(provider: &JwksServer, serve: &ServeProcess) -> String {
+    let tenant = Uuid::new_v4();
+    let known = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
+    assert_eq!(super::auth::status_with(serve, &known).await, 200);
+    provider.set(503, "the identity provider is down");
+    let fetches = provider.fetches();
+    let unknown = token(Algorithm::RS256, "jwks_rsa_b", "jwks_rsa_b", tenant);
+    assert_eq!(super::auth::status_with(serve, &unknown).await, 401);
+    assert_eq!(
+        provider.fetches(),
+        fetches + 1,
+        "the provider was asked, and failed"
+    );
+    known
+}
+
+/// A provider that stops answering once orderd holds its set does not make orderd
+/// unready: the cached keys keep verifying, and the set's age is the gauge that grows.
+/// (That a set older than the fifteen minutes that used to make every process unready
+/// keeps it ready is `auth::jwks`'s unit test, on instants of its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_stops_answering_leaves_the_process_ready_while_the_set_ages() {
+    let db = TestDb::new().await;
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let serve = serve_against(&db, &provider, &[]);
+    until_ready_at(&serve.base).await;
+    let fresh = sample(&serve.metrics().await, AGE);
+    assert!(fresh.is_some_and(|age| age < 5.0), "{fresh:?}");
+    let known = provider_gone(&provider, &serve).await;
+    let aged = |least: f64| move |m: &str| sample(m, AGE).is_some_and(|age| age >= least);
+    let first = sample(&serve.metrics_until(aged(3.0)).await, AGE).unwrap();
+    assert!(first >= 3.0, "{first}");
+    assert_eq!(readyz_at(&serve.base).await, (200, "ready".to_string()));
+    // A token checked afresh (another tenant: not remembered) verifies with the cached
+    // keys.
+    let afresh = token(
+        Algorithm::ES256,
+        "jwks_ec_p256",
+        "jwks_ec_p256",
+        Uuid::new_v4(),
+    );
+    assert_eq!(super::auth::status_with(&serve, &afresh).await, 200);
+    assert_eq!(super::auth::status_with(&serve, &known).await, 200);
+    let later = sample(&serve.metrics_until(aged(first + 4.0)).await, AGE).unwrap();
+    assert!(later >= first + 4.0, "the age grows: {first} then {later}");
+    assert_eq!(readyz_at(&serve.base).await.0, 200);
+}
+
+/// `ORDERD_JWT_STALE_READINESS_SECS` makes a set the provider no longer confirms fail
+/// readiness once it is older than the limit; a set the provider confirmed at its last
+/// fetch does not, however old, and tokens keep verifying either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_staleness_limit_a_set_the_provider_no_longer_confirms_makes_the_process_unready() {
+    let db = TestDb::new().await;
+    let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
+    let serve = serve_against(&db, &provider, &[("ORDERD_JWT_STALE_READINESS_SECS", "2")]);
+    until_ready_at(&serve.base).await;
+    // Older than the limit, but confirmed by the provider at its last fetch.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(readyz_at(&serve.base).await.0, 200);
+    let known = provider_gone(&provider, &serve).await;
+    assert_eq!(
+        readyz_at(&serve.base).await,
+        (503, "the token verification keys are stale".to_string())
+    );
+    assert_eq!(
+        super::auth::status_with(&serve, &known).await,
+        200,
+        "tokens still verify"
+    );
+    let age = sample(
+        &serve
+            .metrics_until(|m| sample(m, AGE).is_some_and(|a| a >= 2.0))
+            .await,
+        AGE,
+    );
+    assert!(age.is_some_and(|age| age >= 2.0), "{age:?}");
 }

@@ -596,8 +596,8 @@ async fn calls_of_unknown_tools_and_with_unparseable_arguments_count_against_the
         .await
         .unwrap();
     assert_ne!(unparseable.status(), 429);
-    // Both counted: the next call of an unknown tool, in the same second, is refused as
-    // a tool result, and the next unparseable one as HTTP 429.
+    // Both counted: the next calls, in the same second, are refused as tool results,
+    // whether the tool exists or its arguments parse.
     let limited: Value = tools_call(json!({"name": "drop_tables", "arguments": {}}))
         .await
         .unwrap()
@@ -607,14 +607,99 @@ async fn calls_of_unknown_tools_and_with_unparseable_arguments_count_against_the
     let refusal: Value =
         serde_json::from_str(limited["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
     assert_eq!(refusal["type"], "/problems/rate-limited", "{limited}");
-    let refused = crate::support::Reply::read(
-        tools_call(json!({"name": "create_order", "arguments": "free text"}))
-            .await
-            .unwrap(),
-    )
-    .await;
-    refused.assert_problem(429, "rate-limited");
+    let limited: Value = tools_call(json!({"name": "create_order", "arguments": "free text"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(limited["result"]["isError"], true, "{limited}");
+    let refusal: Value =
+        serde_json::from_str(limited["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(refusal["type"], "/problems/rate-limited", "{limited}");
     assert_eq!(app.count("idempotency_record").await, 0);
+}
+
+/// A burst of `tools/call` requests the protocol layer refuses (a wrong `Accept`) is
+/// metered all the same: past the tenant's burst they are refused as rate-limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_protocol_layer_refuses_are_metered_before_it_sees_them() {
+    let app = spawn_app_with(&[
+        ("ORDERD_TENANT_RATE_PER_SEC", "5"),
+        ("ORDERD_TENANT_BURST", "5"),
+    ])
+    .await;
+    let token = app.token(Uuid::new_v4());
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "create_order",
+                   "arguments": {"requestId": request_id(), "sku": "ACCEPT", "quantity": 1}}});
+    let burst = (0..40).map(|_| {
+        app.client
+            .post(format!("{}/mcp", app.base))
+            .bearer_auth(&token)
+            .header("Accept", "text/plain")
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(&call)
+            .send()
+    });
+    let mut refused_by_protocol = 0;
+    let mut rate_limited = 0;
+    for answer in futures::future::join_all(burst).await {
+        let answer = crate::support::Reply::read(answer.unwrap()).await;
+        if answer.status == 406 {
+            refused_by_protocol += 1;
+            continue;
+        }
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let result = answer.json();
+        assert_eq!(result["id"], 9, "{result}");
+        assert_eq!(result["result"]["isError"], true, "{result}");
+        let problem: Value =
+            serde_json::from_str(result["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(problem["type"], "/problems/rate-limited", "{problem}");
+        rate_limited += 1;
+    }
+    // The burst of five (and what the bucket refilled meanwhile) reached the protocol
+    // layer; everything else was refused by the limits.
+    assert_eq!(refused_by_protocol + rate_limited, 40);
+    assert!(
+        (5..=10).contains(&refused_by_protocol),
+        "{refused_by_protocol} reached the protocol layer, {rate_limited} were rate-limited"
+    );
+    assert_eq!(app.count("idempotency_record").await, 0);
+}
+
+/// A method the transport does not serve is answered 405 with `Allow`, and counts
+/// against the tenant's limits like any other request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_on_mcp_are_counted_then_answered_405_with_allow() {
+    let app = spawn_app_with(&[
+        ("ORDERD_TENANT_RATE_PER_SEC", "1"),
+        ("ORDERD_TENANT_BURST", "2"),
+    ])
+    .await;
+    let token = app.token(Uuid::new_v4());
+    let request = |method: reqwest::Method| {
+        app.client
+            .request(method, format!("{}/mcp", app.base))
+            .bearer_auth(&token)
+            .header("Accept", "application/json, text/event-stream")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .send()
+    };
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let answer = crate::support::Reply::read(request(method.clone()).await.unwrap()).await;
+        answer.assert_problem(405, "method-not-allowed");
+        assert_eq!(answer.header("allow").as_deref(), Some("POST"), "{method}");
+    }
+    // Both were counted: the third request in the same second is refused.
+    let answer = crate::support::Reply::read(request(reqwest::Method::PUT).await.unwrap()).await;
+    answer.assert_problem(429, "rate-limited");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,7 +775,10 @@ async fn a_tool_name_with_a_newline_cannot_start_a_log_line() {
         .iter()
         .find(|l| l.contains("tool call") && l.contains("FORGED-LINE"))
         .expect("the refused call is logged");
-    assert!(line.contains("tool=list_orders\\nFORGED-LINE"), "{line}");
+    assert!(
+        line.contains(r#"tool="list_orders\nFORGED-LINE level=ERROR the database is gone""#),
+        "{line}"
+    );
     assert!(
         logs.iter().all(|l| !l.starts_with("FORGED-LINE")),
         "no line starts with the client's text: {logs:#?}"

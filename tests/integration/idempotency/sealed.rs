@@ -245,8 +245,92 @@ async fn a_clear_body_is_served_by_default_and_refused_once_the_operator_refuses
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(stored, [(None, None), (Some("k1".into()), Some(3))]);
+    assert_eq!(stored, [(None, None), (Some("k1".into()), Some(4))]);
     assert_eq!(db.count("orders").await, 2);
+}
+
+/// The stored layout and body of the record of `key`.
+async fn stored_layout(
+    db: &crate::support::TestDb,
+    tenant: Uuid,
+    key: &str,
+) -> (Option<i16>, Vec<u8>) {
+    sqlx::query_as(
+        "SELECT response_seal_version, response_body FROM idempotency_record
+         WHERE tenant_id = $1 AND idem_key = $2",
+    )
+    .bind(tenant)
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Stores the create of `key` again as a release sealing in layout `version` under
+/// [`K1`] stored it: `body` (its answer) sealed to the row's whole stored answer.
+async fn reseal_in_layout(
+    db: &crate::support::TestDb,
+    tenant: Uuid,
+    key: &str,
+    body: &[u8],
+    version: i16,
+) {
+    type Stored = (
+        i16,
+        Option<String>,
+        Option<String>,
+        Option<Uuid>,
+        chrono::DateTime<chrono::Utc>,
+    );
+    let (status, location, content_type, resource, expires_at): Stored = sqlx::query_as(
+        "SELECT response_status, response_location, response_content_type, resource_id, expires_at
+         FROM idempotency_record WHERE tenant_id = $1 AND idem_key = $2",
+    )
+    .bind(tenant)
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let binding = orderd::idempotency::seal::Binding {
+        tenant,
+        endpoint: "POST /v1/orders",
+        key,
+        status: status as u16,
+        location: location.as_deref(),
+        content_type: content_type.as_deref(),
+        resource,
+        expires_at: Some(expires_at),
+    };
+    let old = sealer(K1).seal_in_layout(binding, body, version).unwrap();
+    let changed = sqlx::query(
+        "UPDATE idempotency_record SET response_body = $1, response_seal_version = $2
+         WHERE tenant_id = $3 AND idem_key = $4",
+    )
+    .bind(&old.bytes)
+    .bind(version)
+    .bind(tenant)
+    .bind(key)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(changed.rows_affected(), 1);
+}
+
+/// `orderd keys rewrap` with [`K1`] on `db`: it exits 0; its first line.
+fn rewrap_k1(db: &crate::support::TestDb) -> String {
+    let rewrap = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
+        .args(["keys", "rewrap"])
+        .env("DATABASE_URL", &db.url)
+        .env("ORDERD_RESPONSE_KEYS", K1)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&rewrap.stdout).into_owned();
+    assert!(
+        rewrap.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&rewrap.stderr)
+    );
+    stdout.lines().next().unwrap_or_default().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,42 +348,9 @@ async fn an_answer_sealed_in_an_older_layout_is_served_until_refused_and_a_rewra
         app.create(&app.token(tenant), &key, &body).await
     };
     assert_eq!(first.status, 201);
-    // The record as the release before stored it: layout 2, which does not bind the
+    // The record as an older release stored it: layout 2, which does not bind the
     // expiry.
-    type Stored = (
-        i16,
-        Option<String>,
-        Option<String>,
-        Option<Uuid>,
-        chrono::DateTime<chrono::Utc>,
-    );
-    let (status, location, content_type, resource, expires_at): Stored = sqlx::query_as(
-        "SELECT response_status, response_location, response_content_type, resource_id, expires_at
-         FROM idempotency_record WHERE idem_key = $1",
-    )
-    .bind(&key)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    let binding = orderd::idempotency::seal::Binding {
-        tenant,
-        endpoint: "POST /v1/orders",
-        key: &key,
-        status: status as u16,
-        location: location.as_deref(),
-        content_type: content_type.as_deref(),
-        resource,
-        expires_at: Some(expires_at),
-    };
-    let old = sealer(K1).seal_in_layout(binding, &first.body, 2).unwrap();
-    sqlx::query(
-        "UPDATE idempotency_record SET response_body = $1, response_seal_version = 2 WHERE idem_key = $2",
-    )
-    .bind(&old.bytes)
-    .bind(&key)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    reseal_in_layout(&db, tenant, &key, &first.body, 2).await;
     // Served by default, byte for byte.
     {
         let app = crate::support::spawn_app_on(db.handle().await, &keys).await;
@@ -313,27 +364,94 @@ async fn an_answer_sealed_in_an_older_layout_is_served_until_refused_and_a_rewra
         replay.assert_problem(503, "service-unavailable");
     }
     // A rewrap moves it to the current layout, and it is served again.
-    let rewrap = std::process::Command::new(env!("CARGO_BIN_EXE_orderd"))
-        .args(["keys", "rewrap"])
-        .env("DATABASE_URL", &db.url)
-        .env("ORDERD_RESPONSE_KEYS", K1)
-        .output()
-        .unwrap();
-    assert!(
-        rewrap.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rewrap.stderr)
-    );
-    let version: Option<i16> = sqlx::query_scalar(
-        "SELECT response_seal_version FROM idempotency_record WHERE idem_key = $1",
-    )
-    .bind(&key)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    rewrap_k1(&db);
+    let (version, _) = stored_layout(&db, tenant, &key).await;
     assert_eq!(version, Some(orderd::idempotency::seal::SEAL_VERSION));
     let app = crate::support::spawn_app_on(db.handle().await, &refusing).await;
     let replay = app.create(&app.token(tenant), &key, &body).await;
     assert_eq!((replay.status, &replay.body), (201, &first.body));
     assert_eq!(db.count("orders").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_answers_get_a_key_of_their_own_and_layout_3_is_served_refused_then_moved_to_4() {
+    let db = crate::support::TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    let keys = [("ORDERD_RESPONSE_KEYS", K1)];
+    let refusing = [
+        ("ORDERD_RESPONSE_KEYS", K1),
+        ("ORDERD_RESPONSE_OLD_LAYOUTS", "refuse"),
+    ];
+    let (key3, body3) = (
+        new_key(),
+        json!({"sku": "LAYOUT-3", "quantity": 1, "customer_ref": "erin"}),
+    );
+    let (key4, body4) = (
+        new_key(),
+        json!({"sku": "LAYOUT-4", "quantity": 2, "customer_ref": "frank"}),
+    );
+    let (old, new) = {
+        let app = crate::support::spawn_app_on(db.handle().await, &keys).await;
+        let token = app.token(tenant);
+        (
+            app.create(&token, &key3, &body3).await,
+            app.create(&token, &key4, &body4).await,
+        )
+    };
+    assert_eq!((old.status, new.status), (201, 201));
+    // This release stores layout 4: a 256-bit salt, the ciphertext, the 16-byte tag.
+    let mut salts = Vec::new();
+    for (key, answer) in [(&key3, &old), (&key4, &new)] {
+        let (version, stored) = stored_layout(&db, tenant, key).await;
+        assert_eq!(version, Some(4));
+        assert_eq!(stored.len(), 32 + answer.body.len() + 16);
+        salts.push(stored[..32].to_vec());
+    }
+    assert_ne!(salts[0], salts[1]);
+    // One record as the release before stored it: layout 3, a random nonce under k1.
+    reseal_in_layout(&db, tenant, &key3, &old.body, 3).await;
+    let (version, as_3) = stored_layout(&db, tenant, &key3).await;
+    assert_eq!((version, as_3.len()), (Some(3), 12 + old.body.len() + 16));
+    // Served by default, byte for byte, beside the new one.
+    {
+        let app = crate::support::spawn_app_on(db.handle().await, &keys).await;
+        let token = app.token(tenant);
+        let replay = app.create(&token, &key3, &body3).await;
+        assert_eq!((replay.status, &replay.body), (201, &old.body));
+        assert_eq!(replay.header("location"), old.header("location"));
+        let replay = app.create(&token, &key4, &body4).await;
+        assert_eq!((replay.status, &replay.body), (201, &new.body));
+    }
+    // Older layouts refused: layout 3 is a 503 that shows nothing of the answer, and
+    // layout 4 still replays.
+    {
+        let app = crate::support::spawn_app_on(db.handle().await, &refusing).await;
+        let token = app.token(tenant);
+        let refused = app.create(&token, &key3, &body3).await;
+        refused.assert_problem(503, "service-unavailable");
+        assert!(!String::from_utf8_lossy(&refused.body).contains("erin"));
+        let replay = app.create(&token, &key4, &body4).await;
+        assert_eq!((replay.status, &replay.body), (201, &new.body));
+    }
+    // A rewrap moves the layout-3 record, and only it, to layout 4 under a salt of its
+    // own; then it replays, byte for byte, with older layouts refused.
+    let said = rewrap_k1(&db);
+    assert!(
+        said.starts_with("resealed 1 stored responses under key `k1` (0 of them"),
+        "{said}"
+    );
+    let (version, moved) = stored_layout(&db, tenant, &key3).await;
+    assert_eq!((version, moved.len()), (Some(4), 32 + old.body.len() + 16));
+    assert!(!salts.contains(&moved[..32].to_vec()));
+    let app = crate::support::spawn_app_on(db.handle().await, &refusing).await;
+    let token = app.token(tenant);
+    let replay = app.create(&token, &key3, &body3).await;
+    assert_eq!((replay.status, &replay.body), (201, &old.body));
+    assert_eq!(
+        replay.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    let replay = app.create(&token, &key4, &body4).await;
+    assert_eq!((replay.status, &replay.body), (201, &new.body));
+    assert_eq!(db.count("orders").await, 2);
 }

@@ -64,15 +64,7 @@ async fn mcp_create(app: &TestApp, token: &str, request_id: &str) -> Value {
         "params": {"name": "create_order",
                    "arguments": {"requestId": request_id, "sku": "MCP-1", "quantity": 1}},
     });
-    let response = reqwest::Client::new()
-        .post(format!("{}/mcp", app.base))
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18")
-        .json(&call)
-        .send()
-        .await
-        .unwrap();
+    let response = crate::support::post_mcp(&app.base, token, &call).await;
     assert_eq!(response.status(), 200);
     response.json::<Value>().await.unwrap()["result"].clone()
 }

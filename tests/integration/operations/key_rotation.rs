@@ -6,7 +6,10 @@
 
 use std::{process::Command, time::Duration};
 
-use orderd::idempotency::{seal::Sealer, store::SealedRecord};
+use orderd::idempotency::{
+    seal::{OldLayouts, Sealer},
+    store::SealedRecord,
+};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -52,15 +55,24 @@ fn rewrap(db: &TestDb, keys: &str, batch: &str) -> (bool, String) {
     )
 }
 
-/// How many completed records are sealed under each key (`None`: in clear).
-async fn sealed_under(db: &TestDb) -> Vec<(Option<String>, i64)> {
-    sqlx::query_as(
-        "SELECT response_key_id, count(*) FROM idempotency_record WHERE state = 'COMPLETED'
-         GROUP BY 1 ORDER BY 1 NULLS FIRST",
-    )
+/// How many completed records there are for each value of `column`, nulls first.
+async fn completed_by<T>(db: &TestDb, column: &str) -> Vec<(Option<T>, i64)>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    // `column` is one of this file's own names.
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {column}, count(*) FROM idempotency_record WHERE state = 'COMPLETED'
+         GROUP BY 1 ORDER BY 1 NULLS FIRST"
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap()
+}
+
+/// How many completed records are sealed under each key (`None`: in clear).
+async fn sealed_under(db: &TestDb) -> Vec<(Option<String>, i64)> {
+    completed_by(db, "response_key_id").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,6 +214,80 @@ async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
         assert_eq!(opened, format!("body-{n}").into_bytes(), "{}", row.idem_key);
     }
     rows.len()
+}
+
+/// `count` completed records as the release before this one sealed them under k1:
+/// layout 3, a random nonce under the configured key; each body `body-N` for key N.
+async fn layout_3_records(db: &TestDb, count: i64) {
+    clear_records(db, count).await;
+    let rows: Vec<SealedRecord> = sqlx::query_as(
+        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
+                response_status, response_location, response_content_type, resource_id, expires_at
+         FROM idempotency_record WHERE response_key_id IS NULL",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let k1 = sealer(K1);
+    for row in &rows {
+        let sealed = k1
+            .seal_in_layout(row.binding(), &row.response_body, 3)
+            .unwrap();
+        // One tenant's row at a time: a statement each shard can take alone.
+        sqlx::query(
+            "UPDATE idempotency_record SET response_body = $1, response_key_id = 'k1',
+                    response_seal_version = 3
+             WHERE tenant_id = $2 AND endpoint = $3 AND idem_key = $4",
+        )
+        .bind(&sealed.bytes)
+        .bind(row.tenant_id)
+        .bind(&row.endpoint)
+        .bind(&row.idem_key)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// How many completed records are in each layout (`None`: in clear or the first).
+async fn in_layouts(db: &TestDb) -> Vec<(Option<i16>, i64)> {
+    completed_by(db, "response_seal_version").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrap_under_the_same_key_moves_layout_3_records_to_a_key_per_record() {
+    let db = TestDb::new().await;
+    layout_3_records(&db, 300).await;
+    assert_eq!(in_layouts(&db).await, [(Some(3), 300)]);
+    let refusing = sealer(K1).with_old_layouts(OldLayouts::Refuse);
+    assert_eq!(every_record_opens(&db, &sealer(K1)).await, 300);
+
+    // Nothing but the layout tells them from what the rewrap seals: same key, same
+    // answers. It moves every one, in batches.
+    let (ok, out) = rewrap(&db, K1, "7");
+    assert!(ok, "{out}");
+    assert!(
+        out.starts_with(
+            "resealed 300 stored responses under key `k1` (0 of them were stored in clear)"
+        ),
+        "{out}"
+    );
+    assert_eq!(in_layouts(&db).await, [(Some(4), 300)]);
+    assert_eq!(sealed_under(&db).await, [(Some("k1".into()), 300)]);
+    // Each opens to its own body with the older layouts refused, and each under a salt
+    // of its own.
+    assert_eq!(every_record_opens(&db, &refusing).await, 300);
+    let salts: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT substr(response_body, 1, 32)) FROM idempotency_record",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(salts, 300);
+    // Run again, it finds nothing to move.
+    let (ok, out) = rewrap(&db, K1, "7");
+    assert!(ok, "{out}");
+    assert!(out.starts_with("resealed 0 stored responses"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

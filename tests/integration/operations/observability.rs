@@ -232,6 +232,151 @@ async fn a_request_id_is_echoed_or_generated() {
     assert_ne!(forged.headers()["x-request-id"], "a b\"c");
 }
 
+/// The `name=value` fields of a text log line, in order: a value is a run of characters
+/// up to the next space, or a quoted string (with `\` escapes) when it starts with `"`.
+/// What is not a field (the time, the level, the target, the message) is skipped.
+fn text_fields(line: &str) -> Vec<(String, String)> {
+    let chars: Vec<char> = line.chars().collect();
+    let mut fields = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let start = i;
+        while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '.')
+        {
+            i += 1;
+        }
+        if i > start && chars.get(i) == Some(&'=') {
+            let name: String = chars[start..i].iter().collect();
+            i += 1;
+            let mut value = String::new();
+            if chars.get(i) == Some(&'"') {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\\' {
+                        i += 1;
+                        match chars.get(i) {
+                            Some('n') => value.push('\n'),
+                            Some(&c) => value.push(c),
+                            None => {}
+                        }
+                    } else {
+                        value.push(chars[i]);
+                    }
+                    i += 1;
+                }
+                i += 1;
+            } else {
+                while i < chars.len() && chars[i] != ' ' {
+                    value.push(chars[i]);
+                    i += 1;
+                }
+            }
+            fields.push((name, value));
+        } else {
+            while i < chars.len() && chars[i] != ' ' {
+                i += 1;
+            }
+        }
+        while i < chars.len() && chars[i] == ' ' {
+            i += 1;
+        }
+    }
+    fields
+}
+
+/// The values of the fields named `name` on a text log line.
+fn field_values<'a>(fields: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    fields
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
+/// A tool name and a token's subject are the client's text: on a text log line each is
+/// one field, quoted, however many spaces, `=` and quotes it holds, so neither can add a
+/// field of its own (a tenant, a status) to the line (docs/contract.md §8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_name_or_a_subject_holding_fields_of_its_own_is_one_quoted_field_of_a_text_line() {
+    let db = TestDb::new().await;
+    let serve = ServeProcess::start(&db, &[("ORDERD_LOG_FORMAT", "text".to_string())]);
+    let (tenant, forged) = (Uuid::new_v4(), Uuid::new_v4());
+    let subject = format!("app tenant={forged} status=200");
+    let token = orderd::auth::mint_hs256(
+        &orderd::config::Secret::new(crate::support::SECRET),
+        tenant,
+        &subject,
+        "orders:read orders:write",
+        Duration::from_secs(600),
+        None,
+        None,
+    )
+    .unwrap();
+    let tool = format!("x tenant={forged} status=200 \"quoted\" end");
+    let client = reqwest::Client::new();
+    let call = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": {}},
+    });
+    let answered = crate::support::post_mcp(&serve.base, &token, &call).await;
+    assert_eq!(answered.status(), 200);
+    let listed = client
+        .get(format!("{}/v1/orders", serve.base))
+        .bearer_auth(&token)
+        .header("x-request-id", "quoted-fields-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let line_with = |needle: &str| {
+        serve
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|line| line.contains(needle))
+            .cloned()
+    };
+    for _ in 0..100 {
+        if line_with("quoted-fields-1").is_some() && line_with("tool call").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tool_call = line_with("tool call").expect("the tool call is logged");
+    let fields = text_fields(&tool_call);
+    assert_eq!(
+        field_values(&fields, "tool"),
+        [tool.as_str()],
+        "{tool_call}"
+    );
+    assert_eq!(
+        field_values(&fields, "sub"),
+        [subject.as_str()],
+        "{tool_call}"
+    );
+    let real = tenant.to_string();
+    assert_eq!(
+        field_values(&fields, "tenant"),
+        [real.as_str()],
+        "{tool_call}"
+    );
+    assert_eq!(field_values(&fields, "status"), ["404"], "{tool_call}");
+    let request = line_with("quoted-fields-1").expect("the request is logged");
+    let fields = text_fields(&request);
+    assert_eq!(
+        field_values(&fields, "sub"),
+        [subject.as_str()],
+        "{request}"
+    );
+    assert_eq!(
+        field_values(&fields, "tenant"),
+        [real.as_str()],
+        "{request}"
+    );
+    assert_eq!(field_values(&fields, "status"), ["200"], "{request}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_the_live_metrics_and_the_alert_rules_and_their_unit_tests_pass() {
     let db = TestDb::new().await;

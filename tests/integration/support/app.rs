@@ -323,3 +323,16 @@ pub fn order_body(sku: &str, quantity: i32) -> Value {
 pub fn new_key() -> String {
     format!("key-{}", Uuid::new_v4().simple())
 }
+
+/// One stateless JSON-RPC request to `/mcp` at `base`, as an MCP client sends it.
+pub async fn post_mcp(base: &str, token: &str, message: &Value) -> Response {
+    reqwest::Client::new()
+        .post(format!("{base}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(message)
+        .send()
+        .await
+        .unwrap()
+}

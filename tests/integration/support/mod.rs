@@ -11,9 +11,9 @@ pub mod proxy;
 pub mod sns;
 
 pub use app::{
-    Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_order, sealer, settings,
-    spawn_app, spawn_app_on, spawn_app_publishing_through, spawn_app_with, spawn_publishing_app,
-    spawn_publishing_app_on, token,
+    Reply, SECRET, TestApp, create_fingerprint, new_key, order_body, post_mcp, post_order, sealer,
+    settings, spawn_app, spawn_app_on, spawn_app_publishing_through, spawn_app_with,
+    spawn_publishing_app, spawn_publishing_app_on, token,
 };
 pub use db::{TestDb, admin_url, citus_workers, create_order_in, on_citus, one_server_only};
 pub use process::{KillOnDrop, ServeProcess, failures, sample, until_failures};
