@@ -95,12 +95,15 @@ const FOREIGN: &str = "fuzzing-foreign-0123456789abcdefghijklmno";
 const ISSUER: &str = "https://issuer.example";
 const AUDIENCE: &str = "orderd";
 
-/// Two verifiers, as an operator configures them: `plain` with [`SECRET`] alone, and
+/// Three verifiers, as an operator configures them: `plain` with [`SECRET`] alone;
 /// `strict` in the middle of a rotation ([`ROTATED`] first, then [`SECRET`]) that also
-/// checks the issuer and the audience.
+/// checks the issuer and the audience; and `keyless`, a JSON Web Key Set whose provider
+/// never answers (a loopback port nothing listens on), which picks a key by the
+/// token's `kid` and has none to pick.
 struct Verifiers {
     plain: Verifier,
     strict: Verifier,
+    keyless: Verifier,
 }
 
 fn verifiers() -> &'static Verifiers {
@@ -117,6 +120,13 @@ fn verifiers() -> &'static Verifiers {
             ..Default::default()
         })
         .expect("an HS256 verifier with an issuer and an audience builds"),
+        keyless: Verifier::new(&JwtConfig {
+            jwks_url: Some("http://127.0.0.1:0/.well-known/jwks.json".into()),
+            issuer: Some(ISSUER.into()),
+            audience: Some(AUDIENCE.into()),
+            ..Default::default()
+        })
+        .expect("a JWKS verifier builds without fetching"),
     });
     &VERIFIERS
 }
@@ -131,7 +141,7 @@ fn verifiers() -> &'static Verifiers {
 /// head and claims signed with a secret no verifier holds must then be refused.
 ///
 /// Asserts: a token is accepted only with `alg` HS256 and a signature of a configured
-/// secret; an accepted token's principal is what its claims say (tenant, subject,
+/// secret, and never by a key set that holds no key, whatever its `kid`; an accepted token's principal is what its claims say (tenant, subject,
 /// scopes) and its `exp` has not passed; the strict verifier accepts nothing the plain
 /// one refuses, bar tokens of the secret only it holds; and a token verified again
 /// (answered from memory) gets the same answer.
@@ -184,6 +194,10 @@ fn check_token(token: &str) {
             agrees_with_claims(token, principal);
         }
     }
+    assert!(
+        verify(&v.keyless, token).is_none(),
+        "a token verified without any key: {token}"
+    );
     if strict.is_some() && !signed_by(token, ROTATED) {
         assert!(
             plain.is_some(),
