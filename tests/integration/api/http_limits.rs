@@ -677,11 +677,12 @@ async fn no_path_and_no_method_buffers_a_body_it_does_not_take() {
         }
     }
     let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
-    // A first walk with small bodies grows what every answer needs once (the buffers,
-    // the pool's connections, the lazily built pages).
+    // A first walk with 2 MiB bodies, over the body limit, grows what every answer
+    // needs once (the buffers, the pool's connections, the lazily built pages, the 413
+    // and its drain).
     for (address, path) in &targets {
         for method in methods {
-            stream_body(address, method, path, &token, 64 * 1024).await;
+            stream_body(address, method, path, &token, 2 << 20).await;
         }
     }
     let pid = server.child.id();
