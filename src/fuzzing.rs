@@ -34,7 +34,7 @@ use crate::{
         problem::{AppKind, Kind},
     },
     auth::{JwtConfig, LEEWAY_SECS, Principal, SCOPE_READ, SCOPE_WRITE, Verifier},
-    config::{Env, Secret, Setting, published},
+    config::{Env, Secret, Setting, parse::base64_any_padding, published},
     db::{self, Db, DbConfig},
     erasure::Erasures,
     idempotency::{
@@ -99,20 +99,23 @@ const AUDIENCE: &str = "orderd";
 /// `strict` in the middle of a rotation ([`ROTATED`] first, then [`SECRET`]) that also
 /// checks the issuer and the audience; and `keyless`, a JSON Web Key Set whose provider
 /// never answers (a loopback port nothing listens on), which picks a key by the
-/// token's `kid` and has none to pick.
+/// token's `kid` and has none to pick. `/mcp`'s shared state holds `plain` too: it
+/// never verifies (the gate did), so any configured verifier will do.
 struct Verifiers {
-    plain: Verifier,
+    plain: Arc<Verifier>,
     strict: Verifier,
     keyless: Verifier,
 }
 
 fn verifiers() -> &'static Verifiers {
     static VERIFIERS: LazyLock<Verifiers> = LazyLock::new(|| Verifiers {
-        plain: Verifier::new(&JwtConfig {
-            hs256_secret: Some(Secret::new(SECRET)),
-            ..Default::default()
-        })
-        .expect("an HS256 verifier builds"),
+        plain: Arc::new(
+            Verifier::new(&JwtConfig {
+                hs256_secret: Some(Secret::new(SECRET)),
+                ..Default::default()
+            })
+            .expect("an HS256 verifier builds"),
+        ),
         strict: Verifier::new(&JwtConfig {
             hs256_secret: Some(Secret::new(format!("{ROTATED},{SECRET}"))),
             issuer: Some(ISSUER.into()),
@@ -183,7 +186,7 @@ fn check_token(token: &str) {
     let v = verifiers();
     let plain = verify(&v.plain, token);
     let strict = verify(&v.strict, token);
-    for (verifier, first) in [(&v.plain, &plain), (&v.strict, &strict)] {
+    for (verifier, first) in [(&*v.plain, &plain), (&v.strict, &strict)] {
         let again = verify(verifier, token);
         assert_eq!(
             again.as_deref().map(summary),
@@ -638,14 +641,12 @@ const MCP_HEADS: [(&str, &str); 3] = [
 /// work, after the tool and the service checked everything else.
 fn mcp_service() -> &'static Service {
     static SERVICE: LazyLock<Service> = LazyLock::new(|| {
-        let unset = |_: &str| None;
-        let env = Env::new(&unset);
         let db = Db::direct(
             sqlx::postgres::PgConnectOptions::new(),
             1,
             Duration::from_secs(1),
         );
-        let idempotency = IdempotencyConfig::read(&env).expect("the defaults are valid");
+        let idempotency = with_vars(&[], IdempotencyConfig::read).expect("the defaults are valid");
         let guard = Guard::new(db.clone(), idempotency, Supervisor::new().jobs());
         Service::new(db, guard, 0, Arc::new(Erasures::default()), &api::FRAMING)
     });
@@ -688,14 +689,21 @@ pub fn mcp_request(data: &[u8]) {
     }
 }
 
-async fn every_request_counts(body: &[u8], accept: &str, content_type: &str) {
+/// `/mcp` over [`mcp_service`], its tenants limited to a burst of one request.
+fn mcp_endpoint(rate_per_sec: Option<u32>) -> Mcp {
     let limits = TenantLimits {
-        rate_per_sec: Some(1),
+        rate_per_sec,
         burst: 1,
         max_in_flight: 8,
     };
-    let shared = api::Shared::new(shared_verifier(), &limits);
-    let mcp = Mcp::new(mcp_service().clone(), &shared);
+    Mcp::new(
+        mcp_service().clone(),
+        &api::Shared::new(verifiers().plain.clone(), &limits),
+    )
+}
+
+async fn every_request_counts(body: &[u8], accept: &str, content_type: &str) {
+    let mcp = mcp_endpoint(Some(1));
     let (status, answer) = mcp_answer(&mcp, body, accept, content_type).await;
     let shown = || {
         format!(
@@ -719,21 +727,6 @@ async fn every_request_counts(body: &[u8], accept: &str, content_type: &str) {
         shown(),
         String::from_utf8_lossy(&second)
     );
-}
-
-/// A verifier for the endpoint's shared state; `/mcp` itself never verifies (the gate
-/// did), so any configured one will do.
-fn shared_verifier() -> Arc<Verifier> {
-    static VERIFIER: LazyLock<Arc<Verifier>> = LazyLock::new(|| {
-        Arc::new(
-            Verifier::new(&JwtConfig {
-                hs256_secret: Some(Secret::new(SECRET)),
-                ..Default::default()
-            })
-            .expect("an HS256 verifier builds"),
-        )
-    });
-    VERIFIER.clone()
 }
 
 /// The status and body `/mcp` answers `body` with, for the caller the gate admitted.
@@ -825,20 +818,37 @@ pub fn idempotency_key(data: &[u8]) {
 /// a refusal shows them (every one of these settings may hold credentials).
 const CANARY: &str = "CANARY-SECRET-7Qx";
 
-/// Whether `value` of `setting` is refused for holding a value orderd's own examples
-/// publish (decision 179), before its parser runs: then the parser's properties do not
-/// apply, and the refusal must name the setting without the value.
-fn refused_as_published(setting: &Setting, value: &str, read: Result<(), String>) -> bool {
-    let lookup = |name: &str| (name == setting.name).then(|| value.to_string());
-    if published::refuse(&Env::new(&lookup), setting).is_ok() {
-        return false;
+/// `read` of an environment that sets `vars` and nothing else.
+fn with_vars<T>(vars: &[(&Setting, &str)], read: impl FnOnce(&Env<'_>) -> T) -> T {
+    let lookup = |name: &str| {
+        vars.iter()
+            .find(|(setting, _)| setting.name == name)
+            .map(|(_, value)| value.to_string())
+    };
+    read(&Env::new(&lookup))
+}
+
+/// `text` read by `read` as the value of `setting`; `None` when it is refused for
+/// holding a value orderd's own examples publish (decision 179), before its parser
+/// runs: then the parser's properties do not apply, and the refusal must name the
+/// setting without the value.
+fn read_unless_published<T>(
+    setting: &Setting,
+    text: &str,
+    read: fn(&str) -> Result<T, String>,
+) -> Option<Result<T, String>> {
+    let read = read(text);
+    if with_vars(&[(setting, text)], |env| published::refuse(env, setting)).is_ok() {
+        return Some(read);
     }
-    let message = read.expect_err("a published value is refused");
+    let Err(message) = read else {
+        panic!("a published value is refused: {text:?}")
+    };
     assert!(
         message.starts_with(setting.name),
         "a refusal of a published value names no setting: {message}"
     );
-    true
+    None
 }
 
 /// `text` with the value of every `,`-separated item (after its first `separator`)
@@ -859,18 +869,12 @@ fn values_replaced(text: &str, separator: char, keep: impl Fn(&str, &str) -> boo
 /// `ORDERD_KAFKA_CONFIG`, read as the relay reads its settings (with the brokers and
 /// the topic set).
 fn kafka_settings(config: &str) -> Result<KafkaSettings, String> {
-    let lookup = |name: &str| {
-        if name == KAFKA_CONFIG.name {
-            Some(config.to_string())
-        } else if name == KAFKA_BROKERS.name {
-            Some("localhost:9092".into())
-        } else if name == KAFKA_TOPIC.name {
-            Some("orders".into())
-        } else {
-            None
-        }
-    };
-    KafkaSettings::read(&Env::new(&lookup)).map_err(|e| e.to_string())
+    let vars = [
+        (&KAFKA_CONFIG, config),
+        (&KAFKA_BROKERS, "localhost:9092"),
+        (&KAFKA_TOPIC, "orders"),
+    ];
+    with_vars(&vars, KafkaSettings::read).map_err(|e| e.to_string())
 }
 
 /// `ORDERD_KAFKA_CONFIG`: `name=value` producer properties.
@@ -882,14 +886,9 @@ fn kafka_settings(config: &str) -> Result<KafkaSettings, String> {
 /// switches, so replacing them changes no outcome, and no refusal shows one.
 pub fn kafka_config(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let read = kafka_settings(&text);
-    if refused_as_published(
-        &KAFKA_CONFIG,
-        &text,
-        read.as_ref().map(|_| ()).map_err(Clone::clone),
-    ) {
+    let Some(read) = read_unless_published(&KAFKA_CONFIG, &text, kafka_settings) else {
         return;
-    }
+    };
     if let Ok(settings) = &read {
         let mut names = HashSet::new();
         for (name, value) in &settings.properties {
@@ -947,8 +946,7 @@ fn exposed(properties: &[(String, Secret)]) -> Vec<(String, String)> {
 
 /// `ORDERD_RESPONSE_KEYS`, read as the idempotency settings read it.
 fn response_key_settings(keys: &str) -> Result<IdempotencyConfig, String> {
-    let lookup = |name: &str| (name == RESPONSE_KEYS.name).then(|| keys.to_string());
-    IdempotencyConfig::read(&Env::new(&lookup)).map_err(|e| e.to_string())
+    with_vars(&[(&RESPONSE_KEYS, keys)], IdempotencyConfig::read).map_err(|e| e.to_string())
 }
 
 /// `ORDERD_RESPONSE_KEYS`: `id:base64` keys that seal stored responses.
@@ -959,14 +957,9 @@ fn response_key_settings(keys: &str) -> Result<IdempotencyConfig, String> {
 /// bytes) nor text put in place of them.
 pub fn response_keys(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let read = response_key_settings(&text);
-    if refused_as_published(
-        &RESPONSE_KEYS,
-        &text,
-        read.as_ref().map(|_| ()).map_err(Clone::clone),
-    ) {
+    let Some(read) = read_unless_published(&RESPONSE_KEYS, &text, response_key_settings) else {
         return;
-    }
+    };
     match &read {
         Ok(config) => {
             let keys = &config.response_keys;
@@ -1013,9 +1006,8 @@ pub fn response_keys(data: &[u8]) {
                 .map(|(id, key)| (id.trim(), key.trim()))
                 .collect();
             for (_, key) in &items {
-                let is_a_key = STANDARD
+                let is_a_key = base64_any_padding()
                     .decode(key)
-                    .or_else(|_| STANDARD_NO_PAD.decode(key))
                     .is_ok_and(|bytes| bytes.len() == 32);
                 let named_otherwise = items.iter().any(|(id, _)| id.contains(key));
                 assert!(
@@ -1035,18 +1027,16 @@ pub fn response_keys(data: &[u8]) {
 }
 
 /// `ORDERD_CITUS_NODE_URLS`, read as a distributed database's pools read it.
-fn node_urls(urls: &str) -> anyhow::Result<Vec<String>> {
-    let lookup = |name: &str| {
-        if name == db::DATABASE_URL.name {
-            Some("postgres://fuzzing@fuzzing.invalid:5432/fuzzing".into())
-        } else if name == db::CITUS_NODE_URLS.name {
-            Some(urls.to_string())
-        } else {
-            None
-        }
-    };
-    let config = DbConfig::read(&Env::new(&lookup)).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let nodes = db::citus_node_urls(&config)?;
+fn node_urls(urls: &str) -> Result<Vec<String>, String> {
+    let vars = [
+        (
+            &db::DATABASE_URL,
+            "postgres://fuzzing@fuzzing.invalid:5432/fuzzing",
+        ),
+        (&db::CITUS_NODE_URLS, urls),
+    ];
+    let config = with_vars(&vars, DbConfig::read).map_err(|e| e.to_string())?;
+    let nodes = db::citus_node_urls(&config).map_err(|e| e.to_string())?;
     Ok(nodes.into_keys().collect())
 }
 
@@ -1064,11 +1054,9 @@ pub fn citus_node_urls(data: &[u8]) {
         .filter_map(|pair| pair.split_once('='))
         .map(|(name, _)| name.trim())
         .collect();
-    let read = node_urls(&text);
-    let outcome = read.as_ref().map(|_| ()).map_err(|e| e.to_string());
-    if refused_as_published(&db::CITUS_NODE_URLS, &text, outcome) {
+    let Some(read) = read_unless_published(&db::CITUS_NODE_URLS, &text, node_urls) else {
         return;
-    }
+    };
     match read {
         Ok(nodes) => {
             assert!(nodes.len() <= names.len(), "more nodes than pairs");
@@ -1079,8 +1067,7 @@ pub fn citus_node_urls(data: &[u8]) {
                 );
             }
         }
-        Err(e) => {
-            let message = e.to_string();
+        Err(message) => {
             let shape =
                 "ORDERD_CITUS_NODE_URLS: each entry is host:port=postgres://…, one of them is not";
             let bad_url = |name: &str| {
@@ -1093,10 +1080,10 @@ pub fn citus_node_urls(data: &[u8]) {
         }
     }
     let masked = values_replaced(&text, '=', |_, _| false);
-    if let Err(e) = node_urls(&masked) {
+    if let Err(message) = node_urls(&masked) {
         assert!(
-            !e.to_string().contains(CANARY),
-            "a refusal of ORDERD_CITUS_NODE_URLS shows what stands for a URL: {e}"
+            !message.contains(CANARY),
+            "a refusal of ORDERD_CITUS_NODE_URLS shows what stands for a URL: {message}"
         );
     }
 }
@@ -1172,13 +1159,7 @@ mod tests {
     /// one as a validation error of the tool's arguments.
     #[test]
     fn the_mcp_target_reaches_the_tools() {
-        let limits = TenantLimits {
-            rate_per_sec: None,
-            burst: 1,
-            max_in_flight: 8,
-        };
-        let shared = api::Shared::new(shared_verifier(), &limits);
-        let mcp = Mcp::new(mcp_service().clone(), &shared);
+        let mcp = mcp_endpoint(None);
         let refused_as = |arguments: Value| {
             let body = serde_json::json!({
                 "jsonrpc": "2.0",
@@ -1227,7 +1208,6 @@ mod tests {
         );
         jwt(format!("Bearer {token}").as_bytes());
         let placeholder = "sasl.password=REPLACE-ME";
-        let read = kafka_settings(placeholder).map(|_| ());
-        assert!(refused_as_published(&KAFKA_CONFIG, placeholder, read));
+        assert!(read_unless_published(&KAFKA_CONFIG, placeholder, kafka_settings).is_none());
     }
 }
