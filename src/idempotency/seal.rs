@@ -38,7 +38,7 @@
 //! error too.
 
 use aws_lc_rs::{
-    aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, RandomizedNonceKey, UnboundKey},
+    aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey},
     hkdf::{HKDF_SHA256, Salt},
     rand,
 };
@@ -198,7 +198,39 @@ struct Configured {
     material: [u8; 32],
     /// The key itself under a random nonce per body: what layouts 1 to 3 were sealed
     /// with, kept to open them.
-    direct: RandomizedNonceKey,
+    direct: LessSafeKey,
+}
+
+impl Configured {
+    /// Runs `f` (a seal or an open) with the key and nonce of a body in layout
+    /// `version` that starts with `head`, its [`head_len`] random bytes: a key derived
+    /// with `head` as its salt and a constant nonce (4 on), or the configured key itself
+    /// with `head` as the nonce (1 to 3).
+    fn with_cipher<T>(
+        &self,
+        version: i16,
+        head: &[u8],
+        f: impl FnOnce(&LessSafeKey, Nonce) -> T,
+    ) -> T {
+        if version >= KEY_PER_RECORD {
+            let nonce = Nonce::assume_unique_for_key(RECORD_NONCE);
+            f(&record_key(&self.material, head), nonce)
+        } else {
+            let nonce =
+                Nonce::try_assume_unique_for_key(head).expect("layouts 1 to 3 start with a nonce");
+            f(&self.direct, nonce)
+        }
+    }
+}
+
+/// The random bytes a body sealed in layout `version` starts with: the salt of its own
+/// key (4 on), or its nonce under the configured key (1 to 3).
+fn head_len(version: i16) -> usize {
+    if version >= KEY_PER_RECORD {
+        SALT_LEN
+    } else {
+        NONCE_LEN
+    }
 }
 
 /// A body as it is stored: sealed under `key_id` in the layout `version`, or as it is
@@ -253,8 +285,10 @@ impl Sealer {
                 .map(|k| Configured {
                     id: k.id.clone(),
                     material: *k.material(),
-                    direct: RandomizedNonceKey::new(&AES_256_GCM, k.material())
-                        .expect("an AES-256 key is 32 bytes, checked with the configuration"),
+                    direct: LessSafeKey::new(
+                        UnboundKey::new(&AES_256_GCM, k.material())
+                            .expect("an AES-256 key is 32 bytes, checked with the configuration"),
+                    ),
                 })
                 .collect(),
             clear,
@@ -281,6 +315,7 @@ impl Sealer {
     /// `body` sealed in layout `version`: what an earlier release stored, for the tests
     /// of what a rewrap and a refusal of older layouts do. Layouts 1 to 3 seal under the
     /// configured key with a random nonce, as those releases did.
+    #[doc(hidden)]
     pub fn seal_in_layout(
         &self,
         to: Binding<'_>,
@@ -295,26 +330,19 @@ impl Sealer {
             });
         };
         let aad = Aad::from(associated_data(to, version)?);
-        let bytes = if version >= KEY_PER_RECORD {
-            // The salt, then the body sealed in place behind it, then the tag.
-            let mut bytes = Vec::with_capacity(SALT_LEN + body.len() + AES_256_GCM.tag_len());
-            bytes.resize(SALT_LEN, 0);
-            rand::fill(&mut bytes).map_err(|_| SealError::Seal)?;
-            bytes.extend_from_slice(body);
-            let (salt, in_out) = bytes.split_at_mut(SALT_LEN);
-            let tag = record_key(&key.material, salt)
-                .seal_in_place_separate_tag(Nonce::assume_unique_for_key(RECORD_NONCE), aad, in_out)
-                .map_err(|_| SealError::Seal)?;
-            bytes.extend_from_slice(tag.as_ref());
-            bytes
-        } else {
-            let mut in_out = body.to_vec();
-            let nonce = key
-                .direct
-                .seal_in_place_append_tag(aad, &mut in_out)
-                .map_err(|_| SealError::Seal)?;
-            [nonce.as_ref(), in_out.as_slice()].concat()
-        };
+        // The random head, then the body sealed in place behind it, then the tag.
+        let head = head_len(version);
+        let mut bytes = Vec::with_capacity(head + body.len() + AES_256_GCM.tag_len());
+        bytes.resize(head, 0);
+        rand::fill(&mut bytes).map_err(|_| SealError::Seal)?;
+        bytes.extend_from_slice(body);
+        let (head, in_out) = bytes.split_at_mut(head);
+        let tag = key
+            .with_cipher(version, head, |cipher, nonce| {
+                cipher.seal_in_place_separate_tag(nonce, aad, in_out)
+            })
+            .map_err(|_| SealError::Seal)?;
+        bytes.extend_from_slice(tag.as_ref());
         Ok(Sealed {
             bytes,
             key_id: Some(key.id.clone()),
@@ -327,7 +355,7 @@ impl Sealer {
     pub fn open(
         &self,
         of: Binding<'_>,
-        stored: Vec<u8>,
+        mut stored: Vec<u8>,
         key_id: Option<&str>,
         version: Option<i16>,
     ) -> Result<Vec<u8>, SealError> {
@@ -347,37 +375,21 @@ impl Sealer {
             return Err(SealError::OldLayout(version));
         }
         let tampered = || SealError::Tampered(id.to_string());
-        if version >= KEY_PER_RECORD {
-            // Opened where it lies: the body ends up at the front, and the rest is cut.
-            let mut stored = stored;
-            if stored.len() < SALT_LEN {
-                return Err(tampered());
-            }
-            let opened = record_key(&key.material, &stored[..SALT_LEN])
-                .open_within(
-                    Nonce::assume_unique_for_key(RECORD_NONCE),
-                    aad,
-                    &mut stored,
-                    SALT_LEN..,
-                )
-                .map_err(|_| tampered())?
-                .len();
-            stored.truncate(opened);
-            return Ok(stored);
-        }
-        if stored.len() < NONCE_LEN {
+        let head = head_len(version);
+        if stored.len() < head {
             return Err(tampered());
         }
-        let (nonce, sealed) = stored.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| tampered())?;
-        let mut in_out = sealed.to_vec();
+        // Opened where it lies: the head and the tag are then cut off.
+        let (head_bytes, sealed) = stored.split_at_mut(head);
         let opened = key
-            .direct
-            .open_in_place(nonce, aad, &mut in_out)
+            .with_cipher(version, head_bytes, |cipher, nonce| {
+                cipher.open_in_place(nonce, aad, sealed)
+            })
             .map_err(|_| tampered())?
             .len();
-        in_out.truncate(opened);
-        Ok(in_out)
+        stored.truncate(head + opened);
+        stored.drain(..head);
+        Ok(stored)
     }
 }
 
@@ -476,6 +488,22 @@ mod tests {
         }
     }
 
+    /// `sealed` opened by `sealer` as the record `record("key-aaaaaaaaaaaaaaaa")` stores
+    /// it: under its key id, in its layout.
+    fn reopen(sealer: &Sealer, sealed: &Sealed) -> Result<Vec<u8>, SealError> {
+        let Sealed {
+            bytes,
+            key_id,
+            version,
+        } = sealed.clone();
+        sealer.open(
+            record("key-aaaaaaaaaaaaaaaa"),
+            bytes,
+            key_id.as_deref(),
+            version,
+        )
+    }
+
     /// What the tests seal: a body with a customer's reference.
     const BODY: &[u8] = br#"{"customer_ref":"alice@example.com"}"#;
 
@@ -522,13 +550,7 @@ mod tests {
             assert_eq!(short, Err(SealError::Tampered("k1".into())), "{len} bytes");
         }
         // Under another configured key with the same id, it does not open either.
-        let other = keys(&[("k1", 2)]);
-        let opened = other.open(
-            record("key-aaaaaaaaaaaaaaaa"),
-            sealed.bytes,
-            Some("k1"),
-            sealed.version,
-        );
+        let opened = reopen(&keys(&[("k1", 2)]), &sealed);
         assert_eq!(opened, Err(SealError::Tampered("k1".into())));
     }
 
@@ -606,13 +628,8 @@ mod tests {
     #[test]
     fn records_sealed_with_the_first_layout_still_open_and_an_unknown_layout_is_named() {
         let sealer = keys(&[("k1", 1)]);
-        let key = &sealer.keys[0].direct;
         let base = record("key-aaaaaaaaaaaaaaaa");
-        let mut in_out = b"old".to_vec();
-        let nonce = key
-            .seal_in_place_append_tag(Aad::from(associated_data(base, 1).unwrap()), &mut in_out)
-            .unwrap();
-        let stored = [nonce.as_ref(), in_out.as_slice()].concat();
+        let stored = sealer.seal_in_layout(base, b"old", 1).unwrap().bytes;
         // Version 1 binds the scope alone: any status reads it (a rewrap then binds all).
         let other = Binding {
             status: 404,
@@ -651,12 +668,7 @@ mod tests {
             Err(SealError::OldLayout(1))
         );
         let current = strict.seal(base, b"new").unwrap();
-        assert_eq!(
-            strict
-                .open(base, current.bytes, Some("k1"), current.version)
-                .unwrap(),
-            b"new"
-        );
+        assert_eq!(reopen(&strict, &current).unwrap(), b"new");
     }
 
     #[test]
@@ -695,16 +707,8 @@ mod tests {
         let old = serving.seal_in_layout(base, BODY, 3).unwrap();
         assert_eq!(old.version, Some(3));
         assert_eq!(old.bytes.len(), NONCE_LEN + BODY.len() + 16);
-        assert_eq!(
-            serving
-                .open(base, old.bytes.clone(), Some("k1"), Some(3))
-                .unwrap(),
-            BODY
-        );
-        assert_eq!(
-            strict.open(base, old.bytes, Some("k1"), old.version),
-            Err(SealError::OldLayout(3))
-        );
+        assert_eq!(reopen(&serving, &old).unwrap(), BODY);
+        assert_eq!(reopen(&strict, &old), Err(SealError::OldLayout(3)));
     }
 
     #[test]
@@ -724,13 +728,7 @@ mod tests {
             seals.iter().map(|s| &s.bytes[SALT_LEN..]).collect();
         assert_eq!(bodies.len(), seals.len());
         for sealed in &seals {
-            let opened = sealer.open(
-                record("key-aaaaaaaaaaaaaaaa"),
-                sealed.bytes.clone(),
-                Some("k1"),
-                sealed.version,
-            );
-            assert_eq!(opened.unwrap(), b"same");
+            assert_eq!(reopen(&sealer, sealed).unwrap(), b"same");
         }
     }
 
@@ -784,20 +782,8 @@ mod tests {
         let rotated = keys(&[("k2", 2), ("k1", 1)]);
         let under_k1 = old.seal(record("key-aaaaaaaaaaaaaaaa"), b"body").unwrap();
         assert_eq!(rotated.sealing_key(), Some("k2"));
-        let opened = rotated.open(
-            record("key-aaaaaaaaaaaaaaaa"),
-            under_k1.bytes.clone(),
-            Some("k1"),
-            under_k1.version,
-        );
-        assert_eq!(opened.unwrap(), b"body");
-        let without = keys(&[("k2", 2)]);
-        let lost = without.open(
-            record("key-aaaaaaaaaaaaaaaa"),
-            under_k1.bytes,
-            Some("k1"),
-            under_k1.version,
-        );
+        assert_eq!(reopen(&rotated, &under_k1).unwrap(), b"body");
+        let lost = reopen(&keys(&[("k2", 2)]), &under_k1);
         assert_eq!(lost, Err(SealError::UnknownKey("k1".into())));
     }
 

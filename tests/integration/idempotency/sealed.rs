@@ -275,15 +275,9 @@ async fn reseal_in_layout(
     body: &[u8],
     version: i16,
 ) {
-    type Stored = (
-        i16,
-        Option<String>,
-        Option<String>,
-        Option<Uuid>,
-        chrono::DateTime<chrono::Utc>,
-    );
-    let (status, location, content_type, resource, expires_at): Stored = sqlx::query_as(
-        "SELECT response_status, response_location, response_content_type, resource_id, expires_at
+    let row: orderd::idempotency::store::SealedRecord = sqlx::query_as(
+        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
+                response_status, response_location, response_content_type, resource_id, expires_at
          FROM idempotency_record WHERE tenant_id = $1 AND idem_key = $2",
     )
     .bind(tenant)
@@ -291,17 +285,9 @@ async fn reseal_in_layout(
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    let binding = orderd::idempotency::seal::Binding {
-        tenant,
-        endpoint: "POST /v1/orders",
-        key,
-        status: status as u16,
-        location: location.as_deref(),
-        content_type: content_type.as_deref(),
-        resource,
-        expires_at: Some(expires_at),
-    };
-    let old = sealer(K1).seal_in_layout(binding, body, version).unwrap();
+    let old = sealer(K1)
+        .seal_in_layout(row.binding(), body, version)
+        .unwrap();
     let changed = sqlx::query(
         "UPDATE idempotency_record SET response_body = $1, response_seal_version = $2
          WHERE tenant_id = $3 AND idem_key = $4",

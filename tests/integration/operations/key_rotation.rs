@@ -190,17 +190,22 @@ async fn clear_records(db: &TestDb, count: i64) {
     .unwrap();
 }
 
-/// Every completed record opens under `sealer` to the body it was written with (the
-/// ones from [`clear_records`]: `body-N` for key N); returns how many were checked.
-async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
-    let rows: Vec<SealedRecord> = sqlx::query_as(
+/// The records of [`clear_records`], as they are stored now.
+async fn written_records(db: &TestDb) -> Vec<SealedRecord> {
+    sqlx::query_as(
         "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
                 response_status, response_location, response_content_type, resource_id, expires_at
          FROM idempotency_record WHERE state = 'COMPLETED' AND idem_key ~ '^key-[0-9]{16}$'",
     )
     .fetch_all(&db.pool)
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// Every completed record opens under `sealer` to the body it was written with (the
+/// ones from [`clear_records`]: `body-N` for key N); returns how many were checked.
+async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
+    let rows = written_records(db).await;
     for row in &rows {
         let opened = sealer
             .open(
@@ -220,16 +225,8 @@ async fn every_record_opens(db: &TestDb, sealer: &Sealer) -> usize {
 /// layout 3, a random nonce under the configured key; each body `body-N` for key N.
 async fn layout_3_records(db: &TestDb, count: i64) {
     clear_records(db, count).await;
-    let rows: Vec<SealedRecord> = sqlx::query_as(
-        "SELECT tenant_id, endpoint, idem_key, response_key_id, response_seal_version, response_body,
-                response_status, response_location, response_content_type, resource_id, expires_at
-         FROM idempotency_record WHERE response_key_id IS NULL",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
     let k1 = sealer(K1);
-    for row in &rows {
+    for row in &written_records(db).await {
         let sealed = k1
             .seal_in_layout(row.binding(), &row.response_body, 3)
             .unwrap();
