@@ -6,8 +6,8 @@
 //!   before any idempotency lookup, from [`Erasures`], a set it keeps from the table and
 //!   reloads whenever a notification on [`CHANNEL`] says it changed (or the listening
 //!   session was lost, when one may have been missed); a tenant found in the set is
-//!   confirmed in the table before it is refused ([`Erasures::refuses`]), so that the
-//!   end of an erasure holds in a process that has not heard it yet;
+//!   confirmed in the table before it is refused (by the application layer, `service`),
+//!   so that the end of an erasure holds in a process that has not heard it yet;
 //! - the database refuses them too: the idempotency claim and the fenced completion
 //!   check the mark, so a process that has not heard yet still cannot begin or commit a
 //!   write of the tenant (see `idempotency::store`).
@@ -47,9 +47,6 @@ const UNMARK: &str =
 /// Every tenant being erased.
 const LIST: &str = "SELECT tenant_id FROM tenant_erasure";
 
-/// Whether tenant `$1` is being erased now: one probe of the table's primary key.
-const MARKED: &str = "SELECT EXISTS (SELECT 1 FROM tenant_erasure WHERE tenant_id = $1)";
-
 /// Marks `tenant` as being erased (see [`MARK`]).
 pub async fn mark(c: &mut Sql<'_>, tenant: TenantId, actor: &str) -> sqlx::Result<()> {
     c.query(MARK)
@@ -79,32 +76,6 @@ impl Erasures {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains(&tenant.0)
-    }
-
-    /// Whether `tenant`'s writes are to be refused: it is in the set, and the table
-    /// still marks it.
-    ///
-    /// The set alone lags behind the table: `orderd tenant erase` ends the mark and
-    /// returns at once, and a process hears that a notification's delivery later, or, its
-    /// listening session silent, only at its next read of the table (a quarter of the
-    /// bound). A refusal then would turn away the tenant's first writes after the erase
-    /// returned, which the contract says work again. So the set only says where to look:
-    /// a tenant outside it costs nothing (the database refuses the claim of a tenant
-    /// marked since), and one inside it costs one read of the table's primary key, on
-    /// the node that holds the tenant's shard. A write is refused only when that read
-    /// finds the mark; a read that fails is the database's failure, as the claim's would be.
-    pub async fn refuses(&self, db: &Db, tenant: TenantId) -> sqlx::Result<bool> {
-        if !self.contains(tenant) {
-            return Ok(false);
-        }
-        db.for_tenant(tenant.0)
-            .run(async |c| {
-                c.query_scalar(MARKED)
-                    .bind(tenant.0)
-                    .fetch_one(c.conn())
-                    .await
-            })
-            .await
     }
 
     /// Reads the set from the table; returns it.

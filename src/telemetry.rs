@@ -205,28 +205,27 @@ struct TextFieldVisitor<'w> {
 }
 
 impl TextFieldVisitor<'_> {
-    fn write(&mut self, field: &Field, value: &str) {
+    /// Writes `text` to the line, unless an earlier write failed.
+    fn write(&mut self, text: std::fmt::Arguments<'_>) {
         if self.result.is_ok() {
-            self.result = write!(self.writer, "{}={value}", field.name());
+            self.result = self.writer.write_fmt(text);
         }
     }
 }
 
 impl Visit for TextFieldVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.write(field, &format!("{value:?}"));
+        self.write(format_args!("{}={value:?}", field.name()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
-        if field.name() == "message" {
-            if self.result.is_ok() {
-                self.result = self.writer.write_str(&escape_controls(&text));
-            }
+        let (name, text) = (field.name(), format!("{value:?}"));
+        if name == "message" {
+            self.write(format_args!("{}", escape_controls(&text)));
         } else if is_one_word(&text) {
-            self.write(field, &text);
+            self.write(format_args!("{name}={text}"));
         } else {
-            self.write(field, &format!("{text:?}"));
+            self.write(format_args!("{name}={text:?}"));
         }
     }
 }

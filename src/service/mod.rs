@@ -27,7 +27,7 @@ use crate::{
     auth::{Principal, SCOPE_READ, SCOPE_WRITE},
     db::Db,
     erasure::Erasures,
-    idempotency::{Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
+    idempotency::{self, Answer, Fingerprint, Guard, IdempotencyKey, Scope, StoredResponse},
     metrics::label_enum,
     orders::{self, CancelOutcome, NewOrder, store::PageAfter},
     telemetry,
@@ -220,10 +220,26 @@ impl Service {
     }
 
     /// Refuses a write of a tenant being erased (409, nothing looked up or stored): one
-    /// this process holds as being erased and the table still marks (see
-    /// `Erasures::refuses`).
+    /// this process holds as being erased and the table still marks.
+    ///
+    /// The set alone lags behind the table: `orderd tenant erase` ends the mark and
+    /// returns at once, and a process hears that a notification's delivery later, or, its
+    /// listening session silent, only at its next read of the table (a quarter of the
+    /// bound). A refusal then would turn away the tenant's first writes after the erase
+    /// returned, which the contract says work again. So the set only says where to look:
+    /// a tenant outside it costs nothing (the database refuses the claim of a tenant
+    /// marked since), and one inside it costs one read of the table's primary key, on
+    /// the node that holds the tenant's shard. A write is refused only when that read
+    /// finds the mark; a read that fails is the database's failure, as the claim's would be.
     async fn writable(&self, caller: &Caller) -> Result<(), Problem> {
-        if self.erasures.refuses(&self.db, caller.tenant()).await? {
+        let tenant = caller.tenant();
+        if self.erasures.contains(tenant)
+            && self
+                .db
+                .for_tenant(tenant.0)
+                .run(async |c| idempotency::store::tenant_erasing(c, tenant).await)
+                .await?
+        {
             return Err(Problem::erasing());
         }
         Ok(())

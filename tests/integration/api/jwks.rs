@@ -66,24 +66,20 @@ async fn app_with(url: &str) -> TestApp {
 async fn provider_and_ready_app() -> (JwksServer, TestApp) {
     let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
     let app = app_with(&provider.url).await;
-    until_ready(&app).await;
+    until_ready(&app.base).await;
     (provider, app)
 }
 
-/// The status of `/readyz`.
-async fn readyz(app: &TestApp) -> u16 {
-    let reply = app
-        .client
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
-    reply.status().as_u16()
+/// The status and body of `/readyz` at `base`.
+async fn readyz(base: &str) -> (u16, String) {
+    let reply = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    (reply.status().as_u16(), reply.text().await.unwrap())
 }
 
-async fn until_ready(app: &TestApp) {
+/// Waits until `/readyz` at `base` answers 200.
+async fn until_ready(base: &str) {
     for _ in 0..200 {
-        if readyz(app).await == 200 {
+        if readyz(base).await.0 == 200 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -277,7 +273,7 @@ async fn an_empty_or_unusable_key_set_keeps_the_last_good_one() {
             "the last good set still verifies"
         );
     }
-    assert_eq!(readyz(&app).await, 200);
+    assert_eq!(readyz(&app.base).await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,12 +286,12 @@ async fn a_provider_down_at_start_means_401_and_not_ready_until_it_answers() {
     let app = app_with(&url).await;
     let tenant = Uuid::new_v4();
     let good = token(Algorithm::ES256, "jwks_ec_p256", "jwks_ec_p256", tenant);
-    assert_eq!(readyz(&app).await, 503);
+    assert_eq!(readyz(&app.base).await.0, 503);
     assert_eq!(status(&app, &good).await, 401);
 
     let listener = tokio::net::TcpListener::bind(address).await.unwrap();
     let provider = JwksServer::serve(listener, &fixture("jwks_before_rotation.json"));
-    until_ready(&app).await;
+    until_ready(&app.base).await;
     assert_eq!(status(&app, &good).await, 200);
 
     // The provider fails: the last good set is kept.
@@ -325,23 +321,6 @@ fn serve_against(db: &TestDb, provider: &JwksServer, env: &[(&str, &str)]) -> Se
     ServeProcess::start(db, &all)
 }
 
-/// The status and body of `/readyz` at `base`.
-async fn readyz_at(base: &str) -> (u16, String) {
-    let reply = reqwest::get(format!("{base}/readyz")).await.unwrap();
-    (reply.status().as_u16(), reply.text().await.unwrap())
-}
-
-/// Waits until `/readyz` at `base` answers 200.
-async fn until_ready_at(base: &str) {
-    for _ in 0..200 {
-        if readyz_at(base).await.0 == 200 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("never ready");
-}
-
 /// The provider stops answering after `serve` fetched its set: an unknown `kid` makes
 /// `serve` ask it once more, and that fetch fails. Returns a token of a known key.
 async fn provider_gone(provider: &JwksServer, serve: &ServeProcess) -> String {
@@ -369,14 +348,14 @@ async fn a_provider_that_stops_answering_leaves_the_process_ready_while_the_set_
     let db = TestDb::new().await;
     let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
     let serve = serve_against(&db, &provider, &[]);
-    until_ready_at(&serve.base).await;
+    until_ready(&serve.base).await;
     let fresh = sample(&serve.metrics().await, AGE);
     assert!(fresh.is_some_and(|age| age < 5.0), "{fresh:?}");
     let known = provider_gone(&provider, &serve).await;
     let aged = |least: f64| move |m: &str| sample(m, AGE).is_some_and(|age| age >= least);
     let first = sample(&serve.metrics_until(aged(3.0)).await, AGE).unwrap();
     assert!(first >= 3.0, "{first}");
-    assert_eq!(readyz_at(&serve.base).await, (200, "ready".to_string()));
+    assert_eq!(readyz(&serve.base).await, (200, "ready".to_string()));
     // A token checked afresh (another tenant: not remembered) verifies with the cached
     // keys.
     let afresh = token(
@@ -389,7 +368,7 @@ async fn a_provider_that_stops_answering_leaves_the_process_ready_while_the_set_
     assert_eq!(super::auth::status_with(&serve, &known).await, 200);
     let later = sample(&serve.metrics_until(aged(first + 4.0)).await, AGE).unwrap();
     assert!(later >= first + 4.0, "the age grows: {first} then {later}");
-    assert_eq!(readyz_at(&serve.base).await.0, 200);
+    assert_eq!(readyz(&serve.base).await.0, 200);
 }
 
 /// `ORDERD_JWT_STALE_READINESS_SECS` makes a set the provider no longer confirms fail
@@ -400,13 +379,13 @@ async fn with_a_staleness_limit_a_set_the_provider_no_longer_confirms_makes_the_
     let db = TestDb::new().await;
     let provider = JwksServer::start(&fixture("jwks_before_rotation.json")).await;
     let serve = serve_against(&db, &provider, &[("ORDERD_JWT_STALE_READINESS_SECS", "2")]);
-    until_ready_at(&serve.base).await;
+    until_ready(&serve.base).await;
     // Older than the limit, but confirmed by the provider at its last fetch.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(readyz_at(&serve.base).await.0, 200);
+    assert_eq!(readyz(&serve.base).await.0, 200);
     let known = provider_gone(&provider, &serve).await;
     assert_eq!(
-        readyz_at(&serve.base).await,
+        readyz(&serve.base).await,
         (503, "the token verification keys are stale".to_string())
     );
     assert_eq!(

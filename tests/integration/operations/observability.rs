@@ -236,50 +236,36 @@ async fn a_request_id_is_echoed_or_generated() {
 /// up to the next space, or a quoted string (with `\` escapes) when it starts with `"`.
 /// What is not a field (the time, the level, the target, the message) is skipped.
 fn text_fields(line: &str) -> Vec<(String, String)> {
-    let chars: Vec<char> = line.chars().collect();
+    let mut chars = line.chars().peekable();
     let mut fields = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let start = i;
-        while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '.')
-        {
-            i += 1;
+    while chars.peek().is_some() {
+        let mut name = String::new();
+        while let Some(c) = chars.next_if(|c| c.is_alphanumeric() || matches!(c, '_' | '.')) {
+            name.push(c);
         }
-        if i > start && chars.get(i) == Some(&'=') {
-            let name: String = chars[start..i].iter().collect();
-            i += 1;
+        if name.is_empty() || chars.next_if_eq(&'=').is_none() {
+            while chars.next_if(|c| *c != ' ').is_some() {}
+        } else {
             let mut value = String::new();
-            if chars.get(i) == Some(&'"') {
-                i += 1;
-                while i < chars.len() && chars[i] != '"' {
-                    if chars[i] == '\\' {
-                        i += 1;
-                        match chars.get(i) {
-                            Some('n') => value.push('\n'),
-                            Some(&c) => value.push(c),
-                            None => {}
-                        }
-                    } else {
-                        value.push(chars[i]);
-                    }
-                    i += 1;
+            if chars.next_if_eq(&'"').is_some() {
+                while let Some(c) = chars.next().filter(|c| *c != '"') {
+                    value.push(match c {
+                        '\\' => match chars.next() {
+                            Some('n') => '\n',
+                            Some(c) => c,
+                            None => break,
+                        },
+                        c => c,
+                    });
                 }
-                i += 1;
             } else {
-                while i < chars.len() && chars[i] != ' ' {
-                    value.push(chars[i]);
-                    i += 1;
+                while let Some(c) = chars.next_if(|c| *c != ' ') {
+                    value.push(c);
                 }
             }
             fields.push((name, value));
-        } else {
-            while i < chars.len() && chars[i] != ' ' {
-                i += 1;
-            }
         }
-        while i < chars.len() && chars[i] == ' ' {
-            i += 1;
-        }
+        while chars.next_if_eq(&' ').is_some() {}
     }
     fields
 }
@@ -344,37 +330,19 @@ async fn a_tool_name_or_a_subject_holding_fields_of_its_own_is_one_quoted_field_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let tool_call = line_with("tool call").expect("the tool call is logged");
-    let fields = text_fields(&tool_call);
     assert_eq!(
-        field_values(&fields, "tool"),
+        field_values(&text_fields(&tool_call), "tool"),
         [tool.as_str()],
         "{tool_call}"
     );
-    assert_eq!(
-        field_values(&fields, "sub"),
-        [subject.as_str()],
-        "{tool_call}"
-    );
-    let real = tenant.to_string();
-    assert_eq!(
-        field_values(&fields, "tenant"),
-        [real.as_str()],
-        "{tool_call}"
-    );
-    assert_eq!(field_values(&fields, "status"), ["404"], "{tool_call}");
     let request = line_with("quoted-fields-1").expect("the request is logged");
-    let fields = text_fields(&request);
-    assert_eq!(
-        field_values(&fields, "sub"),
-        [subject.as_str()],
-        "{request}"
-    );
-    assert_eq!(
-        field_values(&fields, "tenant"),
-        [real.as_str()],
-        "{request}"
-    );
-    assert_eq!(field_values(&fields, "status"), ["200"], "{request}");
+    let real = tenant.to_string();
+    for (line, status) in [(&tool_call, "404"), (&request, "200")] {
+        let fields = text_fields(line);
+        assert_eq!(field_values(&fields, "sub"), [subject.as_str()], "{line}");
+        assert_eq!(field_values(&fields, "tenant"), [real.as_str()], "{line}");
+        assert_eq!(field_values(&fields, "status"), [status], "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
