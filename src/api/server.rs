@@ -612,6 +612,31 @@ impl AsyncWrite for Watched {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    /// Vectored, as the socket is: hyper then queues a response's head and body
+    /// buffers and writes them as they are; without it, it copies every body into one
+    /// buffer first (the 1.5 MB docs page, or the metrics page, once per request).
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // A replacement under way, or a head that may be hyper's automatic refusal, is
+        // looked at one buffer at a time, as `poll_write` does.
+        if self.replacement.is_some() || self.conn.phase() == Phase::Head {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            return self.poll_write(cx, first);
+        }
+        self.conn.on_write();
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         std::task::ready!(self.poll_replacement(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)

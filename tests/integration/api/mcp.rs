@@ -700,6 +700,10 @@ async fn other_methods_on_mcp_are_counted_then_answered_405_with_allow() {
     // Both were counted: the third request in the same second is refused.
     let answer = crate::support::Reply::read(request(reqwest::Method::PUT).await.unwrap()).await;
     answer.assert_problem(429, "rate-limited");
+    // None of them reached a tool: nothing was claimed or written.
+    assert_eq!(app.count("idempotency_record").await, 0);
+    assert_eq!(app.count("orders").await, 0);
+    assert_eq!(app.count("outbox_event").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
