@@ -69,6 +69,16 @@ impl ServeProcess {
         }
     }
 
+    /// The `address` field of the JSON log line whose message is `message`
+    /// (`"orderd listening"`, `"metrics listening"`), when one was logged.
+    pub fn logged_address(&self, message: &str) -> Option<String> {
+        self.logs.lock().unwrap().iter().find_map(|line| {
+            let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+            (entry["fields"]["message"] == message)
+                .then(|| entry["fields"]["address"].as_str().map(str::to_string))?
+        })
+    }
+
     pub fn token(&self, tenant: Uuid) -> String {
         token(tenant, "orders:read orders:write")
     }
