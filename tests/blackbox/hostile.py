@@ -17,9 +17,9 @@ nothing here shares code with orderd.
         many more silent sockets than the descriptor limit allows connections.
     hostile.py every-path BASE TOKEN PID METRICS_BASE
         a tenant sends every path (those of the served OpenAPI document, the others the
-        service serves, one it does not) every method, with an empty chunked body and
-        then a 256 MiB one; each must be answered, and no 256 MiB body may grow the
-        process by 1 MiB.
+        service serves, one it does not) every method, with an empty chunked body twice
+        and then a 256 MiB one, all of it twice; each must be answered, and no 256 MiB
+        body may grow the process by 1 MiB both times.
     hostile.py idle-slots BASE TOKEN PID SLOTS
         every connection slot held by anonymous clients that asked /healthz once and
         went idle; a tenant's create must be answered, and exactly the connection idle
@@ -457,11 +457,14 @@ async def streamed(host, port, method, path, token, total):
 async def every_path(base, token, pid, metrics_base):
     """What a 256 MiB body costs each path and method, from ready, with no walk first:
     every path the server at `base` mounts (from its OpenAPI document, plus the others,
-    and the metrics listener's) is sent every method twice, with an empty chunked body
-    and then with a 256 MiB one; what the process's peak rose by while the second was
-    answered is its cost. The empty one pays for what the first answer of its kind needs
-    (each thread's allocator pages, the pool's connections, the metrics page's new label
-    sets), which a body does not change; a body read whole would add 256 MiB."""
+    and the metrics listener's) is sent every method with an empty chunked body twice,
+    then with a 256 MiB one; what the process's peak rose by while the last was answered
+    is its cost. The empty ones pay for what the first answers of their kind need (each
+    thread's allocator pages, the metrics page's new label sets, what a second answer
+    still allocates), which a body does not change. All of it twice, the smaller cost
+    kept: a body read whole costs 256 MiB each time, where something the process
+    allocates once while a body is sent (a cache's first housekeeping runs on a clock)
+    costs it once."""
     url = urlparse(base)
     host, port = url.hostname, url.port
     status, spec = await request(host, port, "GET", "/openapi.json")
@@ -477,19 +480,26 @@ async def every_path(base, token, pid, metrics_base):
     started = time.monotonic()
     for h, p, path in targets:
         for method in METHODS:
-            empty = await streamed(h, p, method, path, token, 0)
-            before = peak_rss_kib(pid)
-            answered = await streamed(h, p, method, path, token, 256 << 20)
-            costs[f"{method} {path}"] = peak_rss_kib(pid) - before
-            if not (empty and answered):
-                unanswered.append(f"{method} {path}")
+            cost = None
+            for _ in range(2):
+                for _ in range(2):
+                    empty = await streamed(h, p, method, path, token, 0)
+                before = peak_rss_kib(pid)
+                answered = await streamed(h, p, method, path, token, 256 << 20)
+                rose = peak_rss_kib(pid) - before
+                cost = rose if cost is None else min(cost, rose)
+                if not (empty and answered):
+                    unanswered.append(f"{method} {path}")
+            costs[f"{method} {path}"] = cost
     elapsed = time.monotonic() - started
     worst = max(costs, key=costs.get)
-    print(f"256 MiB bodies to {len(targets)} paths x {len(METHODS)} methods, each after an empty one, "
+    print(f"256 MiB bodies to {len(targets)} paths x {len(METHODS)} methods, each after two empty ones, twice, "
           f"in {elapsed:.1f} s: the peak rose +{sum(costs.values())} KiB in all, "
           f"+{costs[worst]} KiB at most ({worst})")
     check(not unanswered, f"every path and method was answered: {unanswered}")
-    check(costs[worst] < 1024, f"no 256 MiB body grew the process by 1 MiB: {costs}")
+    held = costs[worst] < 1024
+    check(held, f"no 256 MiB body grew the process by 1 MiB (+{costs[worst]} KiB at most)"
+          + ("" if held else f": {costs}"))
 
 
 async def idle_slots(base, token, pid, slots):

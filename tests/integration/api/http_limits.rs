@@ -645,11 +645,15 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 /// What a 256 MiB body costs each path and method, from ready, with no walk first:
-/// every path `server` mounts is sent every method twice, with an empty chunked body and
-/// then with a 256 MiB one, and what the process's peak rose by while the second was
-/// answered is its cost. The empty one pays for what the first answer of its kind needs
-/// (each thread's allocator pages, the pool's connections, the metrics page's new label
-/// sets), which a body does not change. Returns each answer with its cost.
+/// every path `server` mounts is sent every method with an empty chunked body twice,
+/// then with a 256 MiB one, and what the process's peak rose by while the last was
+/// answered is its cost. The empty ones pay for what the first answers of their kind
+/// need (each thread's allocator pages, the metrics page's new label sets, and what a
+/// second list still allocates: about 0.9 MiB in the debug build), which a body does
+/// not change. All of it twice, the smaller cost kept: a body read whole costs 256 MiB
+/// each time, where something the process allocates once while the body is sent (a
+/// cache's first housekeeping runs on a clock) costs it once. Returns each answer with
+/// its cost.
 async fn bodies_cost(server: &crate::support::ServeProcess) -> Vec<(String, u64)> {
     let token = server.token(Uuid::new_v4());
     let api = server.base.trim_start_matches("http://").to_string();
@@ -675,11 +679,18 @@ async fn bodies_cost(server: &crate::support::ServeProcess) -> Vec<(String, u64)
     let mut costs = Vec::new();
     for (address, path) in &targets {
         for method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
-            let empty = stream_body(address, method, path, &token, 0).await;
-            let before = peak_rss_kib(pid);
-            let streamed = stream_body(address, method, path, &token, 256 << 20).await;
-            let answer = format!("{method} {path}: {empty}, then {streamed}");
-            costs.push((answer, peak_rss_kib(pid).saturating_sub(before)));
+            let (mut answer, mut cost) = (String::new(), u64::MAX);
+            for _ in 0..2 {
+                let mut empty = 0;
+                for _ in 0..2 {
+                    empty = stream_body(address, method, path, &token, 0).await;
+                }
+                let before = peak_rss_kib(pid);
+                let streamed = stream_body(address, method, path, &token, 256 << 20).await;
+                answer = format!("{method} {path}: {empty}, then {streamed}");
+                cost = cost.min(peak_rss_kib(pid).saturating_sub(before));
+            }
+            costs.push((answer, cost));
         }
     }
     costs

@@ -41,15 +41,8 @@ impl ServeProcess {
                 .lines()
                 .map_while(Result::ok)
             {
-                if let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line)
-                    && entry["fields"]["message"] == "orderd listening"
-                {
-                    let _ = tx.send(
-                        entry["fields"]["address"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string(),
-                    );
+                if let Some(address) = address_in(&line, "orderd listening") {
+                    let _ = tx.send(address);
                 } else if line.contains("orderd listening")
                     && let Some((_, rest)) = line.split_once("address=")
                 {
@@ -72,11 +65,8 @@ impl ServeProcess {
     /// The `address` field of the JSON log line whose message is `message`
     /// (`"orderd listening"`, `"metrics listening"`), when one was logged.
     pub fn logged_address(&self, message: &str) -> Option<String> {
-        self.logs.lock().unwrap().iter().find_map(|line| {
-            let entry: serde_json::Value = serde_json::from_str(line).ok()?;
-            (entry["fields"]["message"] == message)
-                .then(|| entry["fields"]["address"].as_str().map(str::to_string))?
-        })
+        let logs = self.logs.lock().unwrap();
+        logs.iter().find_map(|line| address_in(line, message))
     }
 
     pub fn token(&self, tenant: Uuid) -> String {
@@ -106,6 +96,13 @@ impl ServeProcess {
         }
         text
     }
+}
+
+/// The `address` field of `line`, a JSON log line, when its message is `message`.
+fn address_in(line: &str, message: &str) -> Option<String> {
+    let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+    (entry["fields"]["message"] == message)
+        .then(|| entry["fields"]["address"].as_str().map(str::to_string))?
 }
 
 impl Drop for ServeProcess {
