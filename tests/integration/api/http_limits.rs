@@ -644,24 +644,14 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// What a 256 MiB body costs each path and method, from ready, with no walk first:
-/// every path `server` mounts is sent every method with an empty chunked body twice,
-/// then with a 256 MiB one, and what the process's peak rose by while the last was
-/// answered is its cost. The empty ones pay for what the first answers of their kind
-/// need (each thread's allocator pages, the metrics page's new label sets, and what a
-/// second list still allocates: about 0.9 MiB in the debug build), which a body does
-/// not change. All of it twice, the smaller cost kept: a body read whole costs 256 MiB
-/// each time, where something the process allocates once while the body is sent (a
-/// cache's first housekeeping runs on a clock) costs it once. Returns each answer with
-/// its cost.
-async fn bodies_cost(server: &crate::support::ServeProcess) -> Vec<(String, u64)> {
-    let token = server.token(Uuid::new_v4());
+/// Every path `server` mounts, with the address it is served on: every route of the
+/// table on the API address (a path parameter filled in), one path that matches none,
+/// and the metrics listener's paths.
+fn every_path(server: &crate::support::ServeProcess) -> Vec<(String, String)> {
     let api = server.base.trim_start_matches("http://").to_string();
     let metrics = server
         .logged_address("metrics listening")
         .expect("the metrics listener logs its address");
-    // Every route of the table on the API address (a path parameter filled in), one
-    // path that matches none, and the metrics listener's paths.
     let id = Uuid::new_v4().to_string();
     let mut targets: Vec<(String, String)> = orderd::api::routes::Route::ALL
         .iter()
@@ -671,39 +661,68 @@ async fn bodies_cost(server: &crate::support::ServeProcess) -> Vec<(String, u64)
         })
         .map(|path| (api.clone(), path))
         .collect();
-    targets.push((api.clone(), "/docs/".to_string()));
+    targets.push((api, "/docs/".to_string()));
     for path in ["/metrics", "/healthz", "/readyz"] {
         targets.push((metrics.clone(), path.to_string()));
     }
-    let pid = server.child.id();
-    let mut costs = Vec::new();
-    for (address, path) in &targets {
-        for method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
-            let (mut answer, mut cost) = (String::new(), u64::MAX);
-            for _ in 0..2 {
-                let mut empty = 0;
-                for _ in 0..2 {
-                    empty = stream_body(address, method, path, &token, 0).await;
-                }
-                let before = peak_rss_kib(pid);
-                let streamed = stream_body(address, method, path, &token, 256 << 20).await;
-                answer = format!("{method} {path}: {empty}, then {streamed}");
-                cost = cost.min(peak_rss_kib(pid).saturating_sub(before));
-            }
-            costs.push((answer, cost));
-        }
-    }
-    costs
+    targets
 }
 
+const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+/// What a 256 MiB body to `path` with `method` costs `server`: the request is sent
+/// with an empty chunked body twice, then with a 256 MiB one, and what the process's
+/// peak rose by while the last was answered is the body's cost. The empty ones pay for
+/// what the first answers of their kind need (each thread's allocator pages, the
+/// metrics page's new label sets, and what a second list still allocates: about
+/// 0.9 MiB in the debug build), which a body does not change. Returns the answers and
+/// the cost in KiB.
+async fn body_cost(
+    server: &crate::support::ServeProcess,
+    (address, path): &(String, String),
+    method: &str,
+) -> (String, u64) {
+    let token = server.token(Uuid::new_v4());
+    let pid = server.child.id();
+    let mut empty = 0;
+    for _ in 0..2 {
+        empty = stream_body(address, method, path, &token, 0).await;
+    }
+    let before = peak_rss_kib(pid);
+    let streamed = stream_body(address, method, path, &token, 256 << 20).await;
+    let cost = peak_rss_kib(pid).saturating_sub(before);
+    (format!("{method} {path}: {empty}, then {streamed}"), cost)
+}
+
+/// Every path and method, from ready, with no walk first. A body that cost 1 MiB or
+/// more is measured once more in a process of its own, started for it: a body read
+/// whole costs 256 MiB there too, where something the first process allocated once,
+/// on a clock, while that body was sent (a cache's first housekeeping, a background
+/// pass) does not recur. A second try in the same process would not do: its peak
+/// already holds whatever the first try touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_path_and_no_method_buffers_a_body_it_does_not_take() {
     let db = TestDb::new().await;
-    let server = crate::support::ServeProcess::start(
-        &db,
-        &[("ORDERD_METRICS_BIND", "127.0.0.1:0".to_string())],
-    );
-    let costs = bodies_cost(&server).await;
+    let settings = [("ORDERD_METRICS_BIND", "127.0.0.1:0".to_string())];
+    let server = crate::support::ServeProcess::start(&db, &settings);
+    let targets = every_path(&server);
+    let mut costs = Vec::new();
+    for (i, target) in targets.iter().enumerate() {
+        for method in METHODS {
+            let (answer, cost) = body_cost(&server, target, method).await;
+            if cost < 1024 {
+                costs.push((answer, cost));
+                continue;
+            }
+            let fresh = crate::support::ServeProcess::start(&db, &settings);
+            let again = body_cost(&fresh, &every_path(&fresh)[i], method).await;
+            eprintln!(
+                "{answer}: +{cost} KiB; in a process of its own: +{} KiB",
+                again.1
+            );
+            costs.push(again);
+        }
+    }
     let (most, all) = costs
         .iter()
         .fold((0, 0), |(most, all), (_, kib)| (most.max(*kib), all + kib));
